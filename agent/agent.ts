@@ -1,0 +1,339 @@
+/**
+ * The agent's controller: it owns start and stop, wires the parts together, and runs the modes of
+ * decision 21.
+ *
+ * - `master` (default): persistent uplink, and the nearby listener on UDP 590.
+ * - `connected`: persistent uplink, no listener (what a firmware update needs).
+ * - `deadleaf`: wakes every `d` variable `deadleaf` seconds (default 300), syncs, and sleeps; while asleep the
+ *   retained `state` is `sleeping`.
+ */
+import { join } from 'node:path';
+import { type Logger, type LogLevel } from '../lib/log.js';
+import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
+import { VERSION } from '../lib/version.js';
+import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
+import { type AgentConfig, socketPath } from './config.js';
+import { type Identity, loadIdentity } from './identity.js';
+import { LocalServer } from './local/server.js';
+import { NearbyListener } from './nearby/listener.js';
+import { HeardReporter } from './nearby/reporter.js';
+import { type DownMessage, Uplink, safeUrl } from './uplink.js';
+import { ChangeHook } from './vars/hooks.js';
+import { VAR_MIGRATIONS, VarStore } from './vars/store.js';
+import { type ChangeEvent, VarSync } from './vars/sync.js';
+
+export type AgentMode = Mode;
+export const DEFAULT_DEADLEAF_SEC = 300;
+/** The shortest deadleaf period accepted; smaller values would keep the radio on anyway. */
+export const MIN_DEADLEAF_SEC = 5;
+
+export interface AgentDeps {
+  config: AgentConfig;
+  log: Logger;
+  env?: NodeJS.ProcessEnv;
+  now?: () => number;
+}
+
+export class Agent {
+  readonly identity: Identity;
+  readonly vars: VarSync;
+  readonly uplink: Uplink;
+  readonly nearby: NearbyListener;
+  readonly local: LocalServer;
+  private readonly db: Db;
+  private readonly commit: GroupCommitter;
+  private readonly reporter: HeardReporter;
+  private readonly hook: ChangeHook | undefined;
+  private readonly startedAt: number;
+  private mode: AgentMode = 'master';
+  private asleep = false;
+  private wakeTimer: NodeJS.Timeout | undefined;
+  private settleTimer: NodeJS.Timeout | undefined;
+  private awakeSince = 0;
+  private lastActivity = 0;
+  private stopped = false;
+
+  private constructor(
+    private readonly config: AgentConfig,
+    private readonly log: Logger,
+    private readonly now: () => number,
+    env: NodeJS.ProcessEnv,
+  ) {
+    this.startedAt = now();
+    const { identity, source } = loadIdentity(config.stateDir, config.identity.provisioningFile);
+    this.identity = identity;
+    log.setBindings({ deviceId: identity.deviceId });
+    log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
+
+    this.db = openDatabase(join(config.stateDir, 'agent.db'), VAR_MIGRATIONS);
+    this.commit = new GroupCommitter(this.db);
+    const store = new VarStore(this.db, config.store.historyLimit);
+
+    this.uplink = new Uplink({
+      url: config.mqtt.url,
+      deviceId: identity.deviceId,
+      username: config.mqtt.username ?? identity.deviceId,
+      password: config.mqtt.password ?? identity.secret,
+      keepaliveSec: config.mqtt.keepaliveSec,
+      connectTimeoutMs: config.mqtt.connectTimeoutMs,
+      backoffMinMs: config.mqtt.backoffMinMs,
+      backoffMaxMs: config.mqtt.backoffMaxMs,
+      caFile: config.mqtt.caFile,
+      certFile: config.mqtt.certFile,
+      keyFile: config.mqtt.keyFile,
+      rejectUnauthorized: config.mqtt.rejectUnauthorized,
+      hello: () => this.hello(),
+      log,
+    });
+    this.vars = new VarSync(store, this.commit, this.uplink, {
+      batchSize: config.sync.batchSize,
+      retryMs: config.sync.retryMs,
+      maxValueBytes: config.store.maxValueBytes,
+      now,
+      log,
+    });
+    this.reporter = new HeardReporter(this.uplink, config.udp.maxAgeMs, now);
+    this.nearby = new NearbyListener({
+      port: config.udp.port,
+      ipv6: config.udp.ipv6,
+      dedupeMs: config.udp.dedupeMs,
+      now,
+      log,
+      onHeard: (code, at) => this.reporter.heard(code, at),
+    });
+    this.local = new LocalServer(
+      socketPath(config, env),
+      parseInt(config.socket.mode, 8),
+      {
+        vars: this.vars,
+        status: () => this.status(),
+        setLogLevel: (level: LogLevel) => {
+          this.log.level = level;
+        },
+      },
+      log,
+    );
+    if (config.hooks.change !== undefined) {
+      this.hook = new ChangeHook({
+        exec: config.hooks.change,
+        origins: config.hooks.origins,
+        timeoutMs: config.hooks.timeoutMs,
+        log,
+      });
+    }
+    this.wire();
+  }
+
+  /** Starts an agent; throws on what it cannot run without (identity, database, socket). */
+  static async start(deps: AgentDeps): Promise<Agent> {
+    const agent = new Agent(deps.config, deps.log, deps.now ?? Date.now, deps.env ?? process.env);
+    try {
+      await agent.local.start();
+    } catch (err) {
+      agent.db.close();
+      throw err;
+    }
+    agent.mode = agent.readMode();
+    if (agent.mode === 'master') await agent.startNearby();
+    deps.log.info({
+      event: 'agent.started',
+      version: VERSION,
+      mode: agent.mode,
+      broker: safeUrl(deps.config.mqtt.url),
+      platform: deps.config.platform,
+    });
+    agent.wake();
+    return agent;
+  }
+
+  /** Stops taking work, flushes, publishes `offline`, closes the database. */
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    this.log.info({ event: 'agent.stopping' });
+    clearTimeout(this.wakeTimer);
+    clearInterval(this.settleTimer);
+    this.local.stopAccepting();
+    this.nearby.stop();
+    this.commit.flush();
+    // Let the acknowledgements of what just committed go out before the connection closes.
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    await this.uplink.stop(this.asleep ? 'sleeping' : 'offline');
+    this.vars.close();
+    this.commit.close();
+    this.db.close();
+    await this.local.close();
+    this.log.info({ event: 'agent.stopped' });
+  }
+
+  status(): Record<string, unknown> {
+    return {
+      deviceId: this.identity.deviceId,
+      version: VERSION,
+      platform: this.config.platform,
+      fwVersion: this.config.fwVersion,
+      mode: this.mode,
+      state: this.uplink.connected ? 'connected' : this.asleep ? 'sleeping' : 'disconnected',
+      broker: safeUrl(this.config.mqtt.url),
+      connects: this.uplink.connects,
+      pending: this.vars.pending(),
+      sync: this.vars.counters,
+      dropped: this.uplink.dropped,
+      nearby: { port: this.nearby.port ?? null, listening: this.nearby.listening, ...this.nearby.counters },
+      hook: this.hook?.counters ?? null,
+      uptimeMs: this.now() - this.startedAt,
+    };
+  }
+
+  private wire(): void {
+    this.uplink.on('up', () => {
+      this.touch();
+      this.vars.onConnected();
+      this.reporter.onConnected();
+      if (this.mode === 'deadleaf') this.startSettling();
+    });
+    this.uplink.on('down', () => this.vars.onDisconnected());
+    this.uplink.on('message', (msg) => {
+      this.touch();
+      this.onMessage(msg);
+    });
+    this.vars.on('stamp', () => this.touch());
+    this.vars.on('change', (ev) => this.onChange(ev));
+  }
+
+  private onMessage(msg: DownMessage): void {
+    switch (msg.name) {
+      case 'down/vars':
+        this.vars.handleVars(msg.payload);
+        return;
+      case 'down/acks':
+        this.vars.handleAcks(msg.payload);
+        return;
+      case 'down/cmd':
+        this.log.warn({
+          event: 'cmd.unsupported',
+          cmd: msg.payload.cmd,
+          reason: 'this agent does not run commands yet',
+        });
+        return;
+      case 'down/fw':
+        this.log.warn({
+          event: 'fw.unsupported',
+          job: msg.payload.job,
+          reason: 'this agent does not update firmware yet',
+        });
+        return;
+    }
+  }
+
+  private onChange(ev: ChangeEvent): void {
+    this.hook?.onChange(ev);
+    const rec = ev.record;
+    if (rec.type !== 'd') return;
+    if (rec.name === 'mode') this.applyMode(this.readMode());
+  }
+
+  private hello(): HelloMessage {
+    return {
+      id: messageId(),
+      protocol: 1,
+      deviceId: this.identity.deviceId,
+      authcode: this.identity.authcode,
+      platform: this.config.platform,
+      agentVersion: VERSION,
+      fwVersion: this.config.fwVersion,
+      mode: this.mode,
+      bootTime: this.startedAt,
+      ts: this.now(),
+    };
+  }
+
+  private readMode(): AgentMode {
+    const rec = this.vars.get('d', 'mode');
+    if (!rec) return 'master';
+    const parsed = Mode.safeParse(rec.value!.toString('utf8'));
+    if (!parsed.success) {
+      this.log.warn({ event: 'mode.invalid', value: rec.value!.toString('utf8').slice(0, 64), using: 'master' });
+      return 'master';
+    }
+    return parsed.data;
+  }
+
+  /** Seconds between deadleaf wakes, from `d` variable `deadleaf`. */
+  deadleafPeriodMs(): number {
+    const raw = this.vars.get('d', 'deadleaf')?.value?.toString('utf8');
+    if (raw === undefined) return DEFAULT_DEADLEAF_SEC * 1000;
+    const sec = Number(raw);
+    if (!Number.isInteger(sec) || sec < MIN_DEADLEAF_SEC) {
+      this.log.warn({ event: 'mode.deadleaf_invalid', value: raw.slice(0, 32), using: DEFAULT_DEADLEAF_SEC });
+      return DEFAULT_DEADLEAF_SEC * 1000;
+    }
+    return sec * 1000;
+  }
+
+  private applyMode(next: AgentMode): void {
+    if (next === this.mode || this.stopped) return;
+    const prev = this.mode;
+    this.mode = next;
+    this.log.info({ event: 'mode.changed', from: prev, to: next });
+    if (next === 'master') void this.startNearby();
+    else this.nearby.stop();
+    if (next === 'deadleaf') {
+      // Stay up until the change is acknowledged and things are quiet, then sleep.
+      if (this.uplink.connected) this.startSettling();
+    } else {
+      clearInterval(this.settleTimer);
+      this.settleTimer = undefined;
+      if (this.asleep) this.wake();
+    }
+  }
+
+  private async startNearby(): Promise<void> {
+    if (!this.config.udp.enabled || this.nearby.listening || this.stopped) return;
+    await this.nearby.start();
+  }
+
+  private wake(): void {
+    clearTimeout(this.wakeTimer);
+    this.wakeTimer = undefined;
+    if (this.stopped) return;
+    if (this.asleep) this.log.info({ event: 'mode.wake' });
+    this.asleep = false;
+    this.awakeSince = this.now();
+    if (this.mode === 'deadleaf') this.vars.resyncOnNextConnect();
+    this.uplink.start();
+  }
+
+  private touch(): void {
+    this.lastActivity = this.now();
+  }
+
+  /** In deadleaf mode: check often whether the wake's work is done. */
+  private startSettling(): void {
+    clearInterval(this.settleTimer);
+    this.awakeSince = this.now();
+    const every = Math.max(50, Math.min(250, this.config.sync.quietMs));
+    this.settleTimer = setInterval(() => this.checkSettled(), every);
+  }
+
+  private checkSettled(): void {
+    if (this.mode !== 'deadleaf' || this.stopped) return;
+    const now = this.now();
+    const quiet = now - this.lastActivity >= this.config.sync.quietMs;
+    const overdue = now - this.awakeSince >= this.config.sync.awakeMaxMs;
+    if (!this.uplink.connected && !overdue) return;
+    if ((quiet && this.vars.isSettled()) || overdue) void this.sleep(overdue);
+  }
+
+  private async sleep(overdue: boolean): Promise<void> {
+    clearInterval(this.settleTimer);
+    this.settleTimer = undefined;
+    this.asleep = true;
+    const periodMs = this.deadleafPeriodMs();
+    this.log.info({ event: 'mode.sleep', forMs: periodMs, pending: this.vars.pending(), overdue });
+    await this.uplink.stop('sleeping');
+    if (this.stopped || this.mode !== 'deadleaf') return;
+    this.wakeTimer = setTimeout(() => this.wake(), periodMs);
+  }
+}

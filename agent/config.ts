@@ -1,0 +1,263 @@
+/**
+ * The agent's configuration: one schema with defaults, filled from a file, then `DEVCLOUD_*` environment
+ * variables, then flags (see lib/config.ts). `config/agent.example.yaml` shows every key.
+ */
+import { arch } from 'node:os';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { type OptionSpec, loadConfig } from '../lib/config.js';
+import { LOG_LEVELS } from '../lib/log.js';
+import { MAX_VALUE_BYTES } from '../protocol/index.js';
+
+const mqttUrl = z
+  .string()
+  .refine(
+    (s) => /^(mqtts?|wss?|tcp|ssl):\/\/[^\s/]+/.test(s),
+    'must be a URL like mqtt://host:1883 or mqtts://host:8883',
+  );
+
+export const AgentConfigSchema = z
+  .object({
+    /** Where the identity, the variable database and (by default) the socket live. */
+    stateDir: z.string().min(1),
+    /** Platform string reported in `up/hello` and matched against firmware images. */
+    platform: z.string().min(1).max(128).default(`linux-${arch()}`),
+    /** Version of the gateway's firmware, reported in `up/hello` and as `meta` `fwversion`. */
+    fwVersion: z.string().min(1).max(128).default('0'),
+    identity: z
+      .object({
+        /** A provisioning file made by `devcloud-bridge device provision`; read once, at first start. */
+        provisioningFile: z.string().min(1).optional(),
+      })
+      .strict()
+      .prefault({}),
+    mqtt: z
+      .object({
+        url: mqttUrl.default('mqtt://localhost:1883'),
+        /** Defaults to the device id. */
+        username: z.string().min(1).optional(),
+        /** Defaults to the device secret. */
+        password: z.string().min(1).optional(),
+        /** Seconds between keepalive pings. */
+        keepaliveSec: z.number().int().min(5).max(3600).default(30),
+        connectTimeoutMs: z.number().int().min(1000).max(300_000).default(15_000),
+        /** Reconnect backoff: exponential from min to max, with full jitter. */
+        backoffMinMs: z.number().int().min(50).max(600_000).default(1000),
+        backoffMaxMs: z.number().int().min(100).max(3_600_000).default(60_000),
+        /** PEM files for TLS (`mqtts://`). */
+        caFile: z.string().optional(),
+        certFile: z.string().optional(),
+        keyFile: z.string().optional(),
+        rejectUnauthorized: z.boolean().default(true),
+      })
+      .strict()
+      .prefault({}),
+    udp: z
+      .object({
+        /** Decision 19: the port phones broadcast authcodes to. 0 picks a free port (tests). */
+        port: z.number().int().min(0).max(65535).default(590),
+        enabled: z.boolean().default(true),
+        /** Decision 19: report one authcode at most once in this window. */
+        dedupeMs: z.number().int().min(0).max(3_600_000).default(30_000),
+        /** Heard authcodes older than this are not reported after an outage (decision 18). */
+        maxAgeMs: z.number().int().min(1000).max(86_400_000).default(300_000),
+        ipv6: z.boolean().default(true),
+      })
+      .strict()
+      .prefault({}),
+    socket: z
+      .object({
+        /** Unix socket of the local interface; default `$RUNTIME_DIRECTORY/agent.sock` or `<stateDir>/agent.sock`. */
+        path: z.string().min(1).optional(),
+        /** File mode of the socket, octal as a string (decision: 0660, group of the gateway apps). */
+        mode: z
+          .string()
+          .regex(/^0?[0-7]{3}$/, 'an octal mode like "0660"')
+          .default('0660'),
+      })
+      .strict()
+      .prefault({}),
+    log: z
+      .object({
+        level: z.enum(LOG_LEVELS).default('info'),
+        pretty: z.enum(['auto', 'always', 'never']).default('auto'),
+      })
+      .strict()
+      .prefault({}),
+    store: z
+      .object({
+        /** Rows of local variable history kept; older ones are pruned. */
+        historyLimit: z.number().int().min(0).max(10_000_000).default(10_000),
+        /** Decision 12: the largest value, in bytes. */
+        maxValueBytes: z.number().int().min(1).max(MAX_VALUE_BYTES).default(MAX_VALUE_BYTES),
+      })
+      .strict()
+      .prefault({}),
+    sync: z
+      .object({
+        /** Items in one `up/vars` or `up/acks` message. */
+        batchSize: z.number().int().min(1).max(1000).default(500),
+        /** While connected, a change not acknowledged within this time is sent again. */
+        retryMs: z.number().int().min(1000).max(3_600_000).default(30_000),
+        /** Deadleaf mode: the longest a wake may last before the device sleeps anyway. */
+        awakeMaxMs: z.number().int().min(1000).max(600_000).default(30_000),
+        /** Deadleaf mode: quiet time after the last acknowledgement before sleeping. */
+        quietMs: z.number().int().min(0).max(60_000).default(1000),
+      })
+      .strict()
+      .prefault({}),
+    hooks: z
+      .object({
+        /** An executable run (without a shell) after every committed variable change. */
+        change: z.string().min(1).optional(),
+        /** Which changes run the hook: made by the cloud, on the gateway, or both. */
+        origins: z.array(z.enum(['cloud', 'device'])).default(['cloud']),
+        timeoutMs: z.number().int().min(100).max(600_000).default(10_000),
+      })
+      .strict()
+      .prefault({}),
+  })
+  .strict();
+
+export type AgentConfig = z.infer<typeof AgentConfigSchema>;
+
+/** Settings that come from flags and the environment; `docs/agent.md` lists them. */
+export const AGENT_OPTIONS: readonly OptionSpec[] = [
+  {
+    key: 'configFile',
+    flag: '--config',
+    env: 'DEVCLOUD_CONFIG',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'config file (YAML or JSON)',
+  },
+  {
+    key: 'stateDir',
+    flag: '--state-dir',
+    env: 'DEVCLOUD_STATE_DIR',
+    kind: 'string',
+    arg: 'DIR',
+    help: 'state directory (identity, database)',
+  },
+  {
+    key: 'mqtt.url',
+    flag: '--mqtt-url',
+    env: 'DEVCLOUD_MQTT_URL',
+    kind: 'string',
+    arg: 'URL',
+    help: 'broker URL, mqtt:// or mqtts://',
+  },
+  {
+    key: 'mqtt.username',
+    env: 'DEVCLOUD_MQTT_USERNAME',
+    kind: 'string',
+    help: 'broker username (default: the device id)',
+  },
+  {
+    key: 'mqtt.password',
+    env: 'DEVCLOUD_MQTT_PASSWORD',
+    kind: 'string',
+    help: 'broker password (default: the device secret)',
+  },
+  {
+    key: 'udp.port',
+    flag: '--udp-port',
+    env: 'DEVCLOUD_UDP_PORT',
+    kind: 'int',
+    arg: 'N',
+    help: 'UDP port for user authcodes (default 590)',
+  },
+  {
+    key: 'udp.enabled',
+    flag: '--udp',
+    env: 'DEVCLOUD_UDP',
+    kind: 'bool',
+    arg: 'BOOL',
+    help: 'listen for authcodes (default true)',
+  },
+  {
+    key: 'socket.path',
+    flag: '--socket',
+    env: 'DEVCLOUD_SOCKET',
+    kind: 'string',
+    arg: 'PATH',
+    help: 'Unix socket of the local interface',
+  },
+  {
+    key: 'log.level',
+    flag: '--log-level',
+    env: 'DEVCLOUD_LOG_LEVEL',
+    kind: 'string',
+    arg: 'LEVEL',
+    help: 'fatal, error, warn, info, debug, trace or silent',
+  },
+  {
+    key: 'log.pretty',
+    flag: '--log-pretty',
+    env: 'DEVCLOUD_LOG_PRETTY',
+    kind: 'string',
+    arg: 'WHEN',
+    help: 'auto, always or never',
+  },
+  {
+    key: 'platform',
+    flag: '--platform',
+    env: 'DEVCLOUD_PLATFORM',
+    kind: 'string',
+    arg: 'NAME',
+    help: 'platform reported to the cloud',
+  },
+  {
+    key: 'fwVersion',
+    flag: '--fw-version',
+    env: 'DEVCLOUD_FW_VERSION',
+    kind: 'string',
+    arg: 'VERSION',
+    help: 'firmware version reported to the cloud',
+  },
+  {
+    key: 'identity.provisioningFile',
+    flag: '--provision',
+    env: 'DEVCLOUD_PROVISION',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'provisioning file, read at first start',
+  },
+  {
+    key: 'hooks.change',
+    flag: '--change-hook',
+    env: 'DEVCLOUD_CHANGE_HOOK',
+    kind: 'string',
+    arg: 'EXE',
+    help: 'executable run after each variable change',
+  },
+];
+
+/** Where the agent keeps its state unless told otherwise: systemd's `StateDirectory=`, else the FHS place. */
+export function defaultStateDir(env: NodeJS.ProcessEnv): string {
+  return env.STATE_DIRECTORY?.split(':')[0] ?? '/var/lib/devcloud';
+}
+
+export function socketPath(config: AgentConfig, env: NodeJS.ProcessEnv = process.env): string {
+  if (config.socket.path !== undefined) return config.socket.path;
+  const runtime = env.RUNTIME_DIRECTORY?.split(':')[0];
+  return join(runtime ?? config.stateDir, 'agent.sock');
+}
+
+export interface AgentConfigInput {
+  flags: Record<string, unknown>;
+  env: NodeJS.ProcessEnv;
+}
+
+/** Loads the agent config; throws `ConfigError` with every problem. */
+export function loadAgentConfig({ flags, env }: AgentConfigInput): AgentConfig {
+  const { configFile, ...rest } = flags;
+  const file = typeof configFile === 'string' ? configFile : env.DEVCLOUD_CONFIG || undefined;
+  return loadConfig(AgentConfigSchema, {
+    options: AGENT_OPTIONS.filter((o) => o.key !== 'configFile'),
+    defaults: { stateDir: defaultStateDir(env) },
+    file,
+    env,
+    flags: rest,
+  });
+}

@@ -1,0 +1,72 @@
+/**
+ * The local interface for gateway applications: newline-delimited JSON over a Unix socket.
+ * `docs/agent.md` documents every request with an example.
+ */
+import { z } from 'zod';
+import { LOG_LEVELS } from '../../lib/log.js';
+import { encodeValue } from '../../protocol/index.js';
+import type { VarRecord } from '../vars/store.js';
+
+/** The longest request line; a value of 64 KiB in base64 fits with room to spare. */
+export const MAX_LINE_BYTES = 1024 * 1024;
+
+const Id = z.union([z.number().int(), z.string().max(64)]);
+const Type = z.enum(['d', 's']).default('d');
+const Name = z.string().min(1).max(256);
+
+export const LocalRequest = z.discriminatedUnion('op', [
+  z.object({ op: z.literal('list'), id: Id, type: Type }).strict(),
+  z.object({ op: z.literal('get'), id: Id, type: Type, name: Name }).strict(),
+  z
+    .object({
+      op: z.literal('set'),
+      id: Id,
+      type: Type,
+      name: Name,
+      value: z.string().optional(),
+      value64: z.base64().optional(),
+    })
+    .strict()
+    .refine((r) => (r.value === undefined) !== (r.value64 === undefined), 'give exactly one of value and value64'),
+  z.object({ op: z.literal('rm'), id: Id, type: Type, name: Name }).strict(),
+  z.object({ op: z.literal('sync'), id: Id, type: Type, name: Name }).strict(),
+  z.object({ op: z.literal('watch'), id: Id }).strict(),
+  z.object({ op: z.literal('status'), id: Id }).strict(),
+  z.object({ op: z.literal('log-level'), id: Id, level: z.enum(LOG_LEVELS) }).strict(),
+]);
+export type LocalRequest = z.infer<typeof LocalRequest>;
+
+/** A variable as the local interface shows it. */
+export interface VarJson {
+  type: 'd' | 's';
+  name: string;
+  value?: string;
+  value64?: string;
+  deleted?: true;
+  time: number;
+  origin: 'device' | 'cloud';
+  acked: number;
+  synced: number;
+  syncacked: number;
+}
+
+export function varJson(rec: VarRecord): VarJson {
+  return {
+    type: rec.type,
+    name: rec.name,
+    ...(rec.value === null ? { deleted: true as const } : encodeValue(rec.value)),
+    time: rec.time,
+    origin: rec.origin,
+    acked: rec.acked,
+    synced: rec.synced,
+    syncacked: rec.syncacked,
+  };
+}
+
+export type LocalResponse =
+  | { id: string | number | null; ok: true; result: unknown }
+  | { id: string | number | null; ok: false; error: { code: string; message: string } };
+
+/** Lines sent to a watcher after its `watch` request was answered. */
+export type WatchEvent =
+  { event: 'change'; source: 'local' | 'cloud'; var: VarJson } | { event: 'acked' | 'syncacked'; var: VarJson };

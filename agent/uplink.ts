@@ -1,0 +1,250 @@
+/**
+ * The agent's MQTT uplink (DESIGN section 4): one persistent connection with exponential backoff and full
+ * jitter, a retained `state` with a last will, `up/hello` on every connect, and validated `down/` messages.
+ *
+ * Nothing is queued here while disconnected: what must reach the cloud is in SQLite and is sent again on the
+ * next connect (see vars/sync.ts), so a fresh client is made for every attempt.
+ */
+import { EventEmitter } from 'node:events';
+import { readFileSync } from 'node:fs';
+import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
+import type { Logger } from '../lib/log.js';
+import {
+  type DownTopic,
+  type HelloMessage,
+  type Payloads,
+  type StatePayload,
+  type UpTopic,
+  decode,
+  downFilter,
+  encode,
+  isDownTopic,
+  parseTopic,
+  topicFor,
+} from '../protocol/index.js';
+
+export type DownMessage = { [K in DownTopic]: { name: K; payload: Payloads[K] } }[DownTopic];
+
+export interface UplinkOptions {
+  url: string;
+  deviceId: string;
+  username: string;
+  password: string;
+  keepaliveSec: number;
+  connectTimeoutMs: number;
+  backoffMinMs: number;
+  backoffMaxMs: number;
+  caFile?: string | undefined;
+  certFile?: string | undefined;
+  keyFile?: string | undefined;
+  rejectUnauthorized: boolean;
+  /** Builds the hello sent on every connect. */
+  hello: () => HelloMessage;
+  log: Logger;
+  /** For tests: the jitter source. */
+  random?: () => number;
+}
+
+interface UplinkEvents {
+  /** Connected, subscribed, `online` and hello published. */
+  up: [];
+  /** The connection is gone (emitted once per connection). */
+  down: [];
+  message: [DownMessage];
+}
+
+/** Full-jitter exponential backoff: a random delay up to min(max, base * 2^attempt). */
+export function backoffDelay(attempt: number, minMs: number, maxMs: number, random: () => number): number {
+  const ceiling = Math.min(maxMs, minMs * 2 ** Math.min(attempt, 30));
+  return Math.round(minMs / 2 + random() * Math.max(0, ceiling - minMs / 2));
+}
+
+/** The broker URL without credentials, for logs. */
+export function safeUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    u.username = '';
+    u.password = '';
+    return u.toString();
+  } catch {
+    return '(invalid url)';
+  }
+}
+
+export class Uplink extends EventEmitter<UplinkEvents> {
+  private client: MqttClient | undefined;
+  private isUp = false;
+  private stopping = false;
+  private attempt = 0;
+  private retryTimer: NodeJS.Timeout | undefined;
+  /** Dropped `down/` payloads by reason, for status and tests. */
+  readonly dropped = { invalid: 0, foreign: 0 };
+  /** Completed connections since start. */
+  connects = 0;
+
+  constructor(private readonly opts: UplinkOptions) {
+    super();
+  }
+
+  get connected(): boolean {
+    return this.isUp;
+  }
+
+  start(): void {
+    this.stopping = false;
+    this.connect();
+  }
+
+  /**
+   * Publishes a payload at QoS 1; `false` when not connected (the caller's durable state covers it). The
+   * promise-free form keeps the hot path free of allocations per message.
+   */
+  publish<K extends Exclude<UpTopic, 'state'>>(name: K, payload: Payloads[K]): boolean {
+    const client = this.client;
+    if (!this.isUp || !client) return false;
+    client.publish(topicFor(this.opts.deviceId, name), encode(name, payload), { qos: 1 }, (err) => {
+      if (err && !this.stopping) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, err: err.message });
+    });
+    return true;
+  }
+
+  /**
+   * Ends the connection cleanly: publishes the final state (retained) first, so that the cloud tells a
+   * sleeping or stopped device from a lost one, then disconnects without the last will.
+   */
+  async stop(finalState: StatePayload = 'offline'): Promise<void> {
+    this.stopping = true;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    const client = this.client;
+    this.client = undefined;
+    const wasUp = this.isUp;
+    this.isUp = false;
+    if (!client) return;
+    if (wasUp && client.connected) {
+      await new Promise<void>((resolve) => {
+        client.publish(
+          topicFor(this.opts.deviceId, 'state'),
+          encode('state', finalState),
+          { qos: 1, retain: true },
+          () => resolve(),
+        );
+        // Never wait long for a broker that has gone away.
+        setTimeout(resolve, 1000).unref();
+      });
+    }
+    await new Promise<void>((resolve) => {
+      client.end(!client.connected, {}, () => resolve());
+      setTimeout(resolve, 1000).unref();
+    });
+    client.removeAllListeners();
+    client.on('error', () => undefined);
+    if (wasUp) this.emit('down');
+  }
+
+  private clientOptions(): IClientOptions {
+    const o = this.opts;
+    const opts: IClientOptions = {
+      clientId: o.deviceId,
+      username: o.username,
+      password: o.password,
+      clean: true,
+      keepalive: o.keepaliveSec,
+      connectTimeout: o.connectTimeoutMs,
+      reconnectPeriod: 0,
+      queueQoSZero: false,
+      will: {
+        topic: topicFor(o.deviceId, 'state'),
+        payload: encode('state', 'offline'),
+        qos: 1,
+        retain: true,
+      },
+      rejectUnauthorized: o.rejectUnauthorized,
+    };
+    if (o.caFile) opts.ca = readFileSync(o.caFile);
+    if (o.certFile) opts.cert = readFileSync(o.certFile);
+    if (o.keyFile) opts.key = readFileSync(o.keyFile);
+    return opts;
+  }
+
+  private connect(): void {
+    if (this.stopping) return;
+    const log = this.opts.log;
+    let client: MqttClient;
+    try {
+      client = mqtt.connect(this.opts.url, this.clientOptions());
+    } catch (err) {
+      log.error({ event: 'mqtt.config_error', url: safeUrl(this.opts.url), err: (err as Error).message });
+      this.scheduleReconnect();
+      return;
+    }
+    this.client = client;
+    let wasUp = false;
+    client.on('connect', () => {
+      client.subscribe(downFilter(this.opts.deviceId), { qos: 1 }, (err) => {
+        if (err || this.client !== client) {
+          if (err) log.warn({ event: 'mqtt.subscribe_failed', err: err.message });
+          client.end(true);
+          return;
+        }
+        client.publish(topicFor(this.opts.deviceId, 'state'), encode('state', 'online'), { qos: 1, retain: true });
+        client.publish(topicFor(this.opts.deviceId, 'up/hello'), encode('up/hello', this.opts.hello()), { qos: 1 });
+        wasUp = true;
+        this.isUp = true;
+        this.connects++;
+        log.info({ event: 'mqtt.connected', url: safeUrl(this.opts.url), attempts: this.attempt + 1 });
+        this.attempt = 0;
+        this.emit('up');
+      });
+    });
+    client.on('message', (topic, payload) => this.onMessage(topic, payload));
+    client.on('error', (err) => {
+      log.warn({ event: 'mqtt.error', url: safeUrl(this.opts.url), err: err.message });
+    });
+    client.on('close', () => {
+      if (this.client !== client) return;
+      this.client = undefined;
+      this.isUp = false;
+      client.removeAllListeners();
+      client.on('error', () => undefined);
+      client.end(true);
+      if (wasUp) {
+        log.warn({ event: 'mqtt.disconnected', url: safeUrl(this.opts.url) });
+        this.emit('down');
+      }
+      this.scheduleReconnect();
+    });
+  }
+
+  private scheduleReconnect(): void {
+    if (this.stopping) return;
+    const delay = backoffDelay(
+      this.attempt++,
+      this.opts.backoffMinMs,
+      this.opts.backoffMaxMs,
+      this.opts.random ?? Math.random,
+    );
+    this.opts.log.debug({ event: 'mqtt.reconnect_scheduled', delayMs: delay, attempt: this.attempt });
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      this.connect();
+    }, delay);
+  }
+
+  private onMessage(topic: string, payload: Buffer): void {
+    const parsed = parseTopic(topic);
+    if (!parsed || parsed.deviceId !== this.opts.deviceId || !isDownTopic(parsed.name)) {
+      this.dropped.foreign++;
+      this.opts.log.warn({ event: 'mqtt.drop', topic, reason: 'not a down topic of this device' });
+      return;
+    }
+    const name = parsed.name;
+    const decoded = decode(name, payload);
+    if (!decoded.ok) {
+      this.dropped.invalid++;
+      this.opts.log.warn({ event: 'mqtt.drop', topic: name, reason: decoded.reason, bytes: payload.length });
+      return;
+    }
+    this.emit('message', { name, payload: decoded.value } as DownMessage);
+  }
+}

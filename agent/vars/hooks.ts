@@ -1,0 +1,87 @@
+/**
+ * The change hook: an executable that gateway integrators configure to react to variable changes. It runs
+ * without a shell, one change at a time in commit order, with the change in its environment:
+ * DEVCLOUD_VAR_TYPE, DEVCLOUD_VAR_NAME, DEVCLOUD_VAR_VALUE (or DEVCLOUD_VAR_VALUE64 for bytes that are not
+ * UTF-8), DEVCLOUD_VAR_DELETED=1 for a deletion, DEVCLOUD_VAR_ORIGIN, DEVCLOUD_VAR_TIME.
+ */
+import { execFile } from 'node:child_process';
+import type { Logger } from '../../lib/log.js';
+import { encodeValue } from '../../protocol/index.js';
+import type { ChangeEvent } from './sync.js';
+
+/** Changes waiting for the hook; past this the oldest are dropped with a warning. */
+const MAX_QUEUED = 1000;
+
+export interface HookOptions {
+  exec: string;
+  origins: ReadonlyArray<'cloud' | 'device'>;
+  timeoutMs: number;
+  log: Logger;
+}
+
+export class ChangeHook {
+  private readonly queue: ChangeEvent[] = [];
+  private running = false;
+  readonly counters = { ran: 0, failed: 0, dropped: 0 };
+
+  constructor(private readonly opts: HookOptions) {}
+
+  onChange(ev: ChangeEvent): void {
+    if (!this.opts.origins.includes(ev.record.origin)) return;
+    if (this.queue.length >= MAX_QUEUED) {
+      this.queue.shift();
+      this.counters.dropped++;
+      this.opts.log.warn({ event: 'hook.dropped', reason: 'hook is too slow; oldest change skipped' });
+    }
+    this.queue.push(ev);
+    this.next();
+  }
+
+  /** Whether a change is running or waiting (for tests and shutdown). */
+  get busy(): boolean {
+    return this.running || this.queue.length > 0;
+  }
+
+  private next(): void {
+    if (this.running) return;
+    const ev = this.queue.shift();
+    if (!ev) return;
+    this.running = true;
+    const rec = ev.record;
+    const env: NodeJS.ProcessEnv = {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      DEVCLOUD_VAR_TYPE: rec.type,
+      DEVCLOUD_VAR_NAME: rec.name,
+      DEVCLOUD_VAR_ORIGIN: rec.origin,
+      DEVCLOUD_VAR_TIME: String(rec.time),
+    };
+    if (rec.value === null) env.DEVCLOUD_VAR_DELETED = '1';
+    else {
+      const enc = encodeValue(rec.value);
+      if ('value' in enc && !enc.value.includes('\0')) env.DEVCLOUD_VAR_VALUE = enc.value;
+      else env.DEVCLOUD_VAR_VALUE64 = rec.value.toString('base64');
+    }
+    execFile(
+      this.opts.exec,
+      [],
+      { env, timeout: this.opts.timeoutMs, maxBuffer: 64 * 1024, killSignal: 'SIGKILL' },
+      (err, _stdout, stderr) => {
+        this.running = false;
+        if (err) {
+          this.counters.failed++;
+          this.opts.log.warn({
+            event: 'hook.failed',
+            name: rec.name,
+            exec: this.opts.exec,
+            err: err.killed ? `killed after ${this.opts.timeoutMs} ms` : err.message.split('\n')[0],
+            stderr: stderr.slice(0, 512),
+          });
+        } else {
+          this.counters.ran++;
+          this.opts.log.debug({ event: 'hook.ran', name: rec.name });
+        }
+        this.next();
+      },
+    );
+  }
+}

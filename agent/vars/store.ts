@@ -1,0 +1,265 @@
+/**
+ * The gateway's variables in SQLite, with the four stamps of DESIGN section 3:
+ *
+ * - `time`: when the current value was set, by whichever side set it; `(name, time, origin)` is its version.
+ * - `acked`: when the cloud acknowledged this version (`acked >= time` means acknowledged).
+ * - `synced`: when the agent last re-sent the variable without changing it.
+ * - `syncacked`: when the cloud acknowledged that re-send (`syncacked >= synced`).
+ *
+ * A deletion is a version too: a tombstone with no value. Every method here is synchronous and runs inside the
+ * caller's transaction (see GroupCommitter).
+ */
+import type { Db, Migration } from '../../lib/sqlite.js';
+import type { AckItem } from '../../protocol/index.js';
+
+export type VarType = 'd' | 's';
+export type Origin = 'device' | 'cloud';
+
+export interface VarRecord {
+  type: VarType;
+  name: string;
+  /** `null` for a tombstone. */
+  value: Buffer | null;
+  time: number;
+  origin: Origin;
+  acked: number;
+  synced: number;
+  syncacked: number;
+}
+
+export interface Version {
+  time: number;
+  origin: Origin;
+}
+
+/** Orders versions: later `time` wins, and on a tie the cloud wins (DESIGN section 3). */
+export function compareVersions(a: Version, b: Version): number {
+  if (a.time !== b.time) return a.time < b.time ? -1 : 1;
+  if (a.origin === b.origin) return 0;
+  return a.origin === 'cloud' ? 1 : -1;
+}
+
+export const VAR_MIGRATIONS: readonly Migration[] = [
+  (db) => {
+    db.exec(`
+      CREATE TABLE vars (
+        type      TEXT    NOT NULL CHECK (type IN ('d', 's')),
+        name      TEXT    NOT NULL,
+        value     BLOB,
+        time      INTEGER NOT NULL,
+        origin    TEXT    NOT NULL CHECK (origin IN ('device', 'cloud')),
+        acked     INTEGER NOT NULL DEFAULT 0,
+        synced    INTEGER NOT NULL DEFAULT 0,
+        syncacked INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (type, name)
+      ) WITHOUT ROWID;
+      -- Only versions waiting for the cloud are in these, so catch-up costs what is pending, not what is stored.
+      CREATE INDEX vars_unacked ON vars (type, name) WHERE acked < time;
+      CREATE INDEX vars_unsynced ON vars (type, name) WHERE syncacked < synced;
+      CREATE TABLE history (
+        id     INTEGER PRIMARY KEY,
+        type   TEXT    NOT NULL,
+        name   TEXT    NOT NULL,
+        value  BLOB,
+        time   INTEGER NOT NULL,
+        origin TEXT    NOT NULL
+      );
+      CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    `);
+  },
+];
+
+interface Row {
+  type: VarType;
+  name: string;
+  value: Buffer | null;
+  time: number;
+  origin: Origin;
+  acked: number;
+  synced: number;
+  syncacked: number;
+}
+
+export type RemoteOutcome = 'applied' | 'duplicate' | 'older';
+
+export interface HistoryEntry {
+  id: number;
+  type: VarType;
+  name: string;
+  value: Buffer | null;
+  time: number;
+  origin: Origin;
+}
+
+export class VarStore {
+  private readonly stmts;
+  private historyInserts = 0;
+
+  constructor(
+    private readonly db: Db,
+    private readonly historyLimit: number,
+  ) {
+    this.stmts = {
+      get: db.prepare<[VarType, string], Row>('SELECT * FROM vars WHERE type = ? AND name = ?'),
+      list: db.prepare<[VarType], Row>('SELECT * FROM vars WHERE type = ? AND value IS NOT NULL ORDER BY name'),
+      all: db.prepare<[VarType], Row>('SELECT * FROM vars WHERE type = ? ORDER BY name'),
+      upsert: db.prepare(`
+        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
+        VALUES (@type, @name, @value, @time, @origin, @acked, @synced, @syncacked)
+        ON CONFLICT (type, name) DO UPDATE SET
+          value = excluded.value, time = excluded.time, origin = excluded.origin, acked = excluded.acked,
+          synced = excluded.synced, syncacked = excluded.syncacked`),
+      setAcked: db.prepare('UPDATE vars SET acked = ? WHERE type = ? AND name = ?'),
+      setSynced: db.prepare('UPDATE vars SET synced = ? WHERE type = ? AND name = ?'),
+      setSyncacked: db.prepare('UPDATE vars SET syncacked = ? WHERE type = ? AND name = ?'),
+      unacked: db.prepare<[], Row>('SELECT * FROM vars WHERE acked < time ORDER BY time'),
+      unsynced: db.prepare<[], Row>('SELECT * FROM vars WHERE syncacked < synced ORDER BY synced'),
+      countUnacked: db.prepare<[], { n: number }>('SELECT count(*) AS n FROM vars WHERE acked < time'),
+      countUnsynced: db.prepare<[], { n: number }>('SELECT count(*) AS n FROM vars WHERE syncacked < synced'),
+      history: db.prepare('INSERT INTO history (type, name, value, time, origin) VALUES (?, ?, ?, ?, ?)'),
+      prune: db.prepare('DELETE FROM history WHERE id <= (SELECT max(id) FROM history) - ?'),
+      recent: db.prepare<[VarType, string, number], HistoryEntry>(
+        'SELECT * FROM history WHERE type = ? AND name = ? ORDER BY id DESC LIMIT ?',
+      ),
+      kvGet: db.prepare<[string], { value: string }>('SELECT value FROM kv WHERE key = ?'),
+      kvSet: db.prepare(
+        'INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value',
+      ),
+    };
+  }
+
+  get(type: VarType, name: string): VarRecord | undefined {
+    return this.stmts.get.get(type, name);
+  }
+
+  /** Live variables of a type (tombstones left out), by name. */
+  list(type: VarType): VarRecord[] {
+    return this.stmts.list.all(type);
+  }
+
+  /** Every record of a type, tombstones included (what a full sync sends). */
+  all(type: VarType): VarRecord[] {
+    return this.stmts.all.all(type);
+  }
+
+  /**
+   * A change made on the gateway. Its time is later than the version it replaces even when the clock is
+   * behind, so that a local change always wins over what the gateway has seen. Deleting what is absent or
+   * already deleted changes nothing and returns `undefined`.
+   */
+  setLocal(type: VarType, name: string, value: Buffer | null, now: number): VarRecord | undefined {
+    const cur = this.get(type, name);
+    if (value === null && (cur === undefined || cur.value === null)) return undefined;
+    const rec: VarRecord = {
+      type,
+      name,
+      value,
+      time: cur ? Math.max(now, cur.time + 1) : now,
+      origin: 'device',
+      acked: 0,
+      synced: cur?.synced ?? 0,
+      syncacked: cur?.syncacked ?? 0,
+    };
+    this.write(rec);
+    return rec;
+  }
+
+  /**
+   * A version received from the cloud. Applied when newer than ours; the cloud holds it, so it counts as
+   * acknowledged at once. The same version again is a duplicate, an older one is ignored.
+   */
+  applyRemote(
+    type: VarType,
+    name: string,
+    value: Buffer | null,
+    version: Version,
+    now: number,
+  ): { outcome: RemoteOutcome; record: VarRecord | undefined } {
+    const cur = this.get(type, name);
+    if (cur) {
+      const cmp = compareVersions(version, cur);
+      if (cmp === 0) return { outcome: 'duplicate', record: cur };
+      if (cmp < 0) return { outcome: 'older', record: cur };
+    }
+    const rec: VarRecord = {
+      type,
+      name,
+      value,
+      time: version.time,
+      origin: version.origin,
+      acked: Math.max(now, version.time),
+      synced: cur?.synced ?? 0,
+      syncacked: cur?.syncacked ?? 0,
+    };
+    this.write(rec);
+    return { outcome: 'applied', record: rec };
+  }
+
+  /** Records the cloud's acknowledgement of a push; ignored unless it names the version we hold. */
+  markAcked(ack: AckItem, now: number): VarRecord | undefined {
+    const cur = this.get(ack.type, ack.name);
+    if (!cur || cur.time !== ack.time || cur.origin !== ack.origin || cur.acked >= cur.time) return undefined;
+    cur.acked = Math.max(now, cur.time);
+    this.stmts.setAcked.run(cur.acked, ack.type, ack.name);
+    return cur;
+  }
+
+  /** Marks a variable as re-sent now; returns the record to send, or `undefined` when there is none. */
+  markSynced(type: VarType, name: string, now: number): VarRecord | undefined {
+    const cur = this.get(type, name);
+    if (!cur) return undefined;
+    // Strictly increasing, so that an acknowledgement names exactly one re-send.
+    cur.synced = Math.max(now, cur.synced + 1);
+    this.stmts.setSynced.run(cur.synced, type, name);
+    return cur;
+  }
+
+  /** Records the cloud's acknowledgement of a re-send; ignored unless it names our latest one. */
+  markSyncAcked(ack: AckItem, now: number): VarRecord | undefined {
+    const cur = this.get(ack.type, ack.name);
+    if (!cur || ack.synced === undefined || cur.synced !== ack.synced || cur.syncacked >= cur.synced) return undefined;
+    cur.syncacked = Math.max(now, cur.synced);
+    this.stmts.setSyncacked.run(cur.syncacked, ack.type, ack.name);
+    return cur;
+  }
+
+  /** Clears the acknowledgement of the version we hold, so that it is pushed again. */
+  unack(type: VarType, name: string): void {
+    this.stmts.setAcked.run(0, type, name);
+  }
+
+  /** Versions the cloud has not acknowledged yet. */
+  unacked(): VarRecord[] {
+    return this.stmts.unacked.all();
+  }
+
+  /** Re-sends the cloud has not acknowledged yet. */
+  unsynced(): VarRecord[] {
+    return this.stmts.unsynced.all();
+  }
+
+  pendingCounts(): { pushes: number; syncs: number } {
+    return { pushes: this.stmts.countUnacked.get()!.n, syncs: this.stmts.countUnsynced.get()!.n };
+  }
+
+  recentHistory(type: VarType, name: string, limit: number): HistoryEntry[] {
+    return this.stmts.recent.all(type, name, limit);
+  }
+
+  kvGet(key: string): string | undefined {
+    return this.stmts.kvGet.get(key)?.value;
+  }
+
+  kvSet(key: string, value: string): void {
+    this.stmts.kvSet.run(key, value);
+  }
+
+  private write(rec: VarRecord): void {
+    this.stmts.upsert.run(rec);
+    if (this.historyLimit > 0) {
+      this.stmts.history.run(rec.type, rec.name, rec.value, rec.time, rec.origin);
+      // Pruning in steps keeps its cost off the per-change path.
+      if (++this.historyInserts % 256 === 0) this.stmts.prune.run(this.historyLimit);
+    }
+  }
+}

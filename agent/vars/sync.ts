@@ -1,0 +1,356 @@
+/**
+ * Synchronisation of the gateway's variables with the cloud, exactly as DESIGN section 3 says:
+ *
+ * - A change made on the gateway is committed, then pushed on `up/vars`; the cloud's ack on `down/acks` sets
+ *   `acked`. A re-send without change (explicit, or the catch-up after start) is a sync; its ack sets
+ *   `syncacked`.
+ * - A version from the cloud on `down/vars` is committed (if newer), then acknowledged on `up/acks`. The same
+ *   version twice, or an older one, changes nothing and is acknowledged again.
+ * - What the cloud has not acknowledged is sent again after every reconnect, and while connected after
+ *   `retryMs`, until it is.
+ */
+import { EventEmitter } from 'node:events';
+import type { Logger } from '../../lib/log.js';
+import type { GroupCommitter } from '../../lib/sqlite.js';
+import {
+  type AckItem,
+  type AcksMessage,
+  type Payloads,
+  type UpTopic,
+  type VarItem,
+  type VarsMessage,
+  VAR_NAME_RE,
+  decodeValue,
+  encodeValue,
+  messageId,
+} from '../../protocol/index.js';
+import { AgentError } from '../errors.js';
+import type { VarRecord, VarStore, VarType } from './store.js';
+
+/** What the sync engine needs of the uplink. */
+export interface UplinkPort {
+  readonly connected: boolean;
+  publish<K extends Exclude<UpTopic, 'state'>>(name: K, payload: Payloads[K]): boolean;
+}
+
+export interface SyncOptions {
+  batchSize: number;
+  retryMs: number;
+  maxValueBytes: number;
+  now: () => number;
+  log: Logger;
+}
+
+export interface ChangeEvent {
+  record: VarRecord;
+  /** Who made the change: a gateway application (`local`) or the cloud. */
+  source: 'local' | 'cloud';
+}
+
+export interface StampEvent {
+  record: VarRecord;
+  stamp: 'acked' | 'syncacked';
+}
+
+interface SyncEvents {
+  change: [ChangeEvent];
+  stamp: [StampEvent];
+}
+
+type Kind = 'push' | 'sync';
+const keyOf = (kind: Kind, type: VarType, name: string) => `${kind}:${type}/${name}`;
+
+/** The wire form of a record. */
+export function toItem(rec: VarRecord, kind: Kind): VarItem {
+  const item: VarItem = {
+    kind,
+    type: rec.type,
+    name: rec.name,
+    ...(rec.value === null ? { deleted: true as const } : encodeValue(rec.value)),
+    time: rec.time,
+    origin: rec.origin,
+  };
+  if (kind === 'sync') item.synced = rec.synced;
+  return item;
+}
+
+export class VarSync extends EventEmitter<SyncEvents> {
+  private readonly outVars = new Map<string, VarItem>();
+  private outAcks: AckItem[] = [];
+  private flushScheduled = false;
+  /** When each push or sync was last sent, for the retry while connected. */
+  private readonly sentAt = new Map<string, number>();
+  private retryTimer: NodeJS.Timeout | undefined;
+  private syncedSinceStart = false;
+  private closed = false;
+  readonly counters = { pushed: 0, synced: 0, acksSent: 0, acksReceived: 0, applied: 0, ignored: 0, dropped: 0 };
+
+  constructor(
+    private readonly store: VarStore,
+    private readonly commit: GroupCommitter,
+    private readonly uplink: UplinkPort,
+    private readonly opts: SyncOptions,
+  ) {
+    super();
+  }
+
+  // ---- the local interface -------------------------------------------------------------------------------
+
+  get(type: VarType, name: string): VarRecord | undefined {
+    const rec = this.store.get(type, name);
+    return rec && rec.value !== null ? rec : undefined;
+  }
+
+  list(type: VarType): VarRecord[] {
+    return this.store.list(type);
+  }
+
+  /** Sets a variable on the gateway; resolves once the change is on disk. */
+  async set(type: VarType, name: string, value: Buffer): Promise<VarRecord> {
+    this.checkName(name);
+    if (value.length > this.opts.maxValueBytes) {
+      throw new AgentError('too-large', `value of ${value.length} bytes exceeds ${this.opts.maxValueBytes}`);
+    }
+    const rec = await this.run(() => this.store.setLocal(type, name, value, this.opts.now()));
+    this.afterLocalChange(rec!);
+    return rec!;
+  }
+
+  /** Deletes a variable (a tombstone, synchronised like a value); `not-found` when there is none. */
+  async remove(type: VarType, name: string): Promise<VarRecord> {
+    this.checkName(name);
+    const rec = await this.run(() => this.store.setLocal(type, name, null, this.opts.now()));
+    if (!rec) throw new AgentError('not-found', `no ${type} variable ${name}`);
+    this.afterLocalChange(rec);
+    return rec;
+  }
+
+  /** Re-sends the current version of a `d` variable without changing it; the cloud's ack sets `syncacked`. */
+  async sync(type: VarType, name: string): Promise<VarRecord> {
+    this.checkName(name);
+    if (type !== 'd') throw new AgentError('bad-request', 'only d variables are synchronised');
+    const rec = await this.run(() => this.store.markSynced(type, name, this.opts.now()));
+    if (!rec) throw new AgentError('not-found', `no ${type} variable ${name}`);
+    this.queue(rec, 'sync');
+    return rec;
+  }
+
+  /** Syncs every `d` variable, tombstones included: the catch-up after start or on the cloud's request. */
+  async syncAll(): Promise<number> {
+    const records = await this.run(() => {
+      const now = this.opts.now();
+      return this.store.all('d').map((r) => this.store.markSynced(r.type, r.name, now)!);
+    });
+    for (const rec of records) this.queue(rec, 'sync');
+    if (records.length > 0) this.opts.log.info({ event: 'vars.sync_all', count: records.length });
+    return records.length;
+  }
+
+  /** Nothing waits for the cloud: every version and sync is acknowledged and nothing is left to send. */
+  isSettled(): boolean {
+    const pending = this.store.pendingCounts();
+    return pending.pushes === 0 && pending.syncs === 0 && this.outVars.size === 0 && this.outAcks.length === 0;
+  }
+
+  pending(): { pushes: number; syncs: number } {
+    return this.store.pendingCounts();
+  }
+
+  // ---- the uplink ----------------------------------------------------------------------------------------
+
+  /** Called on every connect: sends again what the cloud has not acknowledged, and syncs once after start. */
+  onConnected(): void {
+    this.sentAt.clear();
+    const unacked = this.store.unacked();
+    const unsynced = this.store.unsynced();
+    for (const rec of unacked) this.queue(rec, 'push');
+    for (const rec of unsynced) this.queue(rec, 'sync');
+    if (unacked.length + unsynced.length > 0) {
+      this.opts.log.info({ event: 'vars.catch_up', pushes: unacked.length, syncs: unsynced.length });
+    }
+    if (!this.syncedSinceStart) {
+      this.syncedSinceStart = true;
+      this.syncAll().catch((err: unknown) => this.failed('vars.sync_all_failed', err));
+    }
+    this.startRetry();
+  }
+
+  onDisconnected(): void {
+    clearInterval(this.retryTimer);
+    this.retryTimer = undefined;
+    this.outVars.clear();
+    this.outAcks = [];
+  }
+
+  /** A deadleaf wake syncs everything again, like a start. */
+  resyncOnNextConnect(): void {
+    this.syncedSinceStart = false;
+  }
+
+  handleVars(msg: VarsMessage): void {
+    for (const item of msg.items) {
+      if (item.type !== 'd') {
+        // s variables live on the server; the cloud never pushes them (DESIGN section 3).
+        this.counters.dropped++;
+        this.opts.log.warn({
+          event: 'vars.drop',
+          msgId: msg.id,
+          name: item.name,
+          reason: 's variables are not pushed to devices',
+        });
+        continue;
+      }
+      this.applyRemote(item);
+    }
+    if (msg.resync) this.syncAll().catch((err: unknown) => this.failed('vars.sync_all_failed', err));
+  }
+
+  handleAcks(msg: AcksMessage): void {
+    this.counters.acksReceived += msg.acks.length;
+    for (const ack of msg.acks) {
+      const now = this.opts.now();
+      this.run(() => (ack.kind === 'push' ? this.store.markAcked(ack, now) : this.store.markSyncAcked(ack, now))).then(
+        (rec) => {
+          if (!rec) return;
+          this.sentAt.delete(keyOf(ack.kind, ack.type, ack.name));
+          this.emit('stamp', { record: rec, stamp: ack.kind === 'push' ? 'acked' : 'syncacked' });
+        },
+        (err: unknown) => this.failed('vars.ack_commit_failed', err),
+      );
+    }
+  }
+
+  close(): void {
+    this.closed = true;
+    this.onDisconnected();
+  }
+
+  // ---- internals ---------------------------------------------------------------------------------------
+
+  private applyRemote(item: VarItem): void {
+    const value = decodeValue(item);
+    const version = { time: item.time, origin: item.origin };
+    this.run(() => {
+      const result = this.store.applyRemote(item.type, item.name, value, version, this.opts.now());
+      // A sync of an older version means the cloud lacks ours: clear our ack so that ours is pushed again.
+      if (result.outcome === 'older' && item.kind === 'sync' && result.record) this.store.unack(item.type, item.name);
+      return result;
+    }).then(
+      ({ outcome, record }) => {
+        // Acknowledged only now that the commit is on disk.
+        const ack: AckItem = {
+          kind: item.kind,
+          type: item.type,
+          name: item.name,
+          time: item.time,
+          origin: item.origin,
+        };
+        if (item.synced !== undefined) ack.synced = item.synced;
+        this.queueAck(ack);
+        if (outcome === 'applied' && record) {
+          this.counters.applied++;
+          this.opts.log.debug({ event: 'vars.applied', name: item.name, time: item.time, kind: item.kind });
+          this.emit('change', { record, source: 'cloud' });
+        } else {
+          this.counters.ignored++;
+          if (outcome === 'older' && item.kind === 'sync' && record) this.queue({ ...record, acked: 0 }, 'push');
+        }
+      },
+      (err: unknown) => this.failed('vars.commit_failed', err),
+    );
+  }
+
+  private afterLocalChange(rec: VarRecord): void {
+    this.opts.log.debug({ event: 'vars.local_change', type: rec.type, name: rec.name, time: rec.time });
+    this.queue(rec, 'push');
+    this.emit('change', { record: rec, source: 'local' });
+  }
+
+  private queue(rec: VarRecord, kind: Kind): void {
+    if (this.closed || !this.uplink.connected) return;
+    this.outVars.set(keyOf(kind, rec.type, rec.name), toItem(rec, kind));
+    this.scheduleFlush();
+  }
+
+  private queueAck(ack: AckItem): void {
+    if (this.closed || !this.uplink.connected) return;
+    this.outAcks.push(ack);
+    this.scheduleFlush();
+  }
+
+  private scheduleFlush(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    // After the commits of this turn have resolved and the I/O callbacks have run, so that one message
+    // carries many items.
+    setImmediate(() => this.flushOut());
+  }
+
+  private flushOut(): void {
+    this.flushScheduled = false;
+    if (!this.uplink.connected) {
+      this.outVars.clear();
+      this.outAcks = [];
+      return;
+    }
+    const now = this.opts.now();
+    const size = this.opts.batchSize;
+    const items = [...this.outVars.entries()];
+    this.outVars.clear();
+    for (let i = 0; i < items.length; i += size) {
+      const chunk = items.slice(i, i + size);
+      if (!this.uplink.publish('up/vars', { id: messageId(), items: chunk.map(([, item]) => item) })) return;
+      for (const [key, item] of chunk) {
+        this.sentAt.set(key, now);
+        if (item.kind === 'push') this.counters.pushed++;
+        else this.counters.synced++;
+      }
+    }
+    const acks = this.outAcks;
+    this.outAcks = [];
+    for (let i = 0; i < acks.length; i += size) {
+      if (!this.uplink.publish('up/acks', { id: messageId(), acks: acks.slice(i, i + size) })) return;
+      this.counters.acksSent += Math.min(size, acks.length - i);
+    }
+  }
+
+  private startRetry(): void {
+    clearInterval(this.retryTimer);
+    const every = Math.max(250, Math.floor(this.opts.retryMs / 2));
+    this.retryTimer = setInterval(() => this.retry(), every);
+    this.retryTimer.unref();
+  }
+
+  /** While connected, sends again what has waited longer than `retryMs` (the cloud may have restarted). */
+  private retry(): void {
+    if (!this.uplink.connected) return;
+    const now = this.opts.now();
+    let again = 0;
+    const due = (key: string) => now - (this.sentAt.get(key) ?? 0) >= this.opts.retryMs;
+    for (const rec of this.store.unacked()) {
+      if (due(keyOf('push', rec.type, rec.name))) {
+        this.queue(rec, 'push');
+        again++;
+      }
+    }
+    for (const rec of this.store.unsynced()) {
+      if (due(keyOf('sync', rec.type, rec.name))) {
+        this.queue(rec, 'sync');
+        again++;
+      }
+    }
+    if (again > 0) this.opts.log.info({ event: 'vars.resend', count: again });
+  }
+
+  private run<T>(work: () => T): Promise<T> {
+    return this.commit.run(work);
+  }
+
+  private checkName(name: string): void {
+    if (!VAR_NAME_RE.test(name)) throw new AgentError('bad-name', `not a valid variable name: ${JSON.stringify(name)}`);
+  }
+
+  private failed(event: string, err: unknown): void {
+    this.opts.log.error({ event, err: err instanceof Error ? err.message : String(err) });
+  }
+}

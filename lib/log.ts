@@ -1,0 +1,69 @@
+/**
+ * Logging for field engineers (STYLE principle 10): pino JSON lines on stdout for journald, one `event` name
+ * on every line, secrets redacted. Human-readable when stdout is a terminal.
+ */
+import { pino, type Logger } from 'pino';
+import pretty from 'pino-pretty';
+
+export type { Logger } from 'pino';
+
+export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+
+/**
+ * Keys whose values never reach a log, wherever they appear (top level or one object down). Authcodes are
+ * capabilities too; code that logs one logs {@link redactCode} of it instead.
+ */
+export const REDACT_PATHS = [
+  'password',
+  'secret',
+  'token',
+  'sid',
+  'cookie',
+  'authorization',
+  'authcode',
+  '*.password',
+  '*.secret',
+  '*.token',
+  '*.sid',
+  '*.cookie',
+  '*.authorization',
+  '*.authcode',
+  'req.headers.cookie',
+  'req.headers.authorization',
+];
+
+export interface LogOptions {
+  level: LogLevel;
+  /** `auto`: pretty when stdout is a terminal. */
+  pretty: 'auto' | 'always' | 'never';
+  /** Fields bound to every line (service name, device id). */
+  base: Record<string, unknown>;
+  /** Where JSON lines go; stdout by default. Tests pass a stream to read the lines back. */
+  destination?: NodeJS.WritableStream;
+}
+
+export function createLogger(options: LogOptions): Logger {
+  const usePretty = options.pretty === 'always' || (options.pretty === 'auto' && process.stdout.isTTY === true);
+  const opts = {
+    level: options.level,
+    base: options.base,
+    redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+    timestamp: pino.stdTimeFunctions.isoTime,
+    formatters: { level: (label: string) => ({ level: label }) },
+  };
+  if (options.destination) return pino(opts, options.destination);
+  if (usePretty) {
+    return pino(
+      opts,
+      pretty({ sync: true, colorize: true, translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,service' }),
+    );
+  }
+  // Synchronous writes: a line logged just before a crash still reaches the journal.
+  return pino(opts, pino.destination({ dest: 1, sync: true }));
+}
+
+/** The first characters of a code, enough to tell codes apart in a log without revealing one. */
+export function redactCode(code: string): string {
+  return code.length <= 6 ? '…' : `${code.slice(0, 6)}…`;
+}

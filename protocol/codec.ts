@@ -1,0 +1,61 @@
+/**
+ * Encoding and decoding of payloads. Decoding never throws: a payload that is not what its topic carries
+ * comes back as a reason, which the receiver logs once and counts (DESIGN section 4).
+ */
+import { randomUUID } from 'node:crypto';
+import { type Payloads, SCHEMAS } from './schemas.js';
+import type { TopicName } from './topics.js';
+
+/** Larger payloads are refused before parsing; senders batch well below this. */
+export const MAX_PAYLOAD_BYTES = 8 * 1024 * 1024;
+
+export type Decoded<K extends TopicName> = { ok: true; value: Payloads[K] } | { ok: false; reason: string };
+
+export function encode<K extends TopicName>(name: K, payload: Payloads[K]): Buffer {
+  if (name === 'state') return Buffer.from(payload as string, 'utf8');
+  return Buffer.from(JSON.stringify(payload), 'utf8');
+}
+
+export function decode<K extends TopicName>(name: K, payload: Buffer | Uint8Array): Decoded<K> {
+  if (payload.byteLength > MAX_PAYLOAD_BYTES) {
+    return { ok: false, reason: `payload of ${payload.byteLength} bytes exceeds ${MAX_PAYLOAD_BYTES}` };
+  }
+  const text = Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength).toString('utf8');
+  let raw: unknown = text;
+  if (name !== 'state') {
+    try {
+      raw = JSON.parse(text);
+    } catch {
+      return { ok: false, reason: 'payload is not JSON' };
+    }
+  }
+  const parsed = SCHEMAS[name].safeParse(raw);
+  if (!parsed.success) {
+    const first = parsed.error.issues[0];
+    const where = first && first.path.length > 0 ? `${first.path.join('.')}: ` : '';
+    return { ok: false, reason: `${where}${first?.message ?? 'invalid payload'}` };
+  }
+  return { ok: true, value: parsed.data };
+}
+
+/** A fresh message id. */
+export function messageId(): string {
+  return randomUUID();
+}
+
+/** Text values travel as `value`; bytes that are not valid UTF-8 travel as `value64` (decision 9). */
+export function encodeValue(bytes: Buffer): { value: string } | { value64: string } {
+  const text = bytes.toString('utf8');
+  // A round trip that changes the bytes means they were not valid UTF-8.
+  if (Buffer.byteLength(text, 'utf8') === bytes.length && Buffer.from(text, 'utf8').equals(bytes)) {
+    return { value: text };
+  }
+  return { value64: bytes.toString('base64') };
+}
+
+/** The bytes of an item's value, or `null` for a tombstone. */
+export function decodeValue(item: { value?: string; value64?: string; deleted?: true }): Buffer | null {
+  if (item.deleted) return null;
+  if (item.value64 !== undefined) return Buffer.from(item.value64, 'base64');
+  return Buffer.from(item.value ?? '', 'utf8');
+}

@@ -1,0 +1,3 @@
+export * from './codec.js';
+export * from './schemas.js';
+export * from './topics.js';

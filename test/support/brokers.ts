@@ -1,0 +1,142 @@
+/**
+ * Real brokers for integration tests: aedes in-process on a port the OS picks, and a private Mosquitto on a
+ * free port with a config written for the test. Never the machine's own broker, never a fixed port.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { createServer, type Server, type Socket, connect as netConnect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Aedes } from 'aedes';
+
+export interface TestBroker {
+  kind: 'aedes' | 'mosquitto';
+  url: string;
+  port: number;
+  /** Stops the broker (connections drop); `start()` brings it back on the same port. */
+  stop(): Promise<void>;
+  start(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export type BrokerKind = TestBroker['kind'];
+
+export function startBroker(kind: BrokerKind): Promise<TestBroker> {
+  return kind === 'aedes' ? startAedes() : startMosquitto();
+}
+
+/** A TCP port that was free a moment ago. */
+export async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise<void>((resolve) => srv.close(() => resolve()));
+  return port;
+}
+
+export async function startAedes(): Promise<TestBroker> {
+  let aedes: Aedes | undefined;
+  let server: Server | undefined;
+  let port = 0;
+  const sockets = new Set<Socket>();
+  const start = async () => {
+    aedes = await Aedes.createBroker();
+    const broker = aedes;
+    server = createServer((socket) => {
+      sockets.add(socket);
+      socket.on('close', () => sockets.delete(socket));
+      broker.handle(socket);
+    });
+    const srv = server;
+    await new Promise<void>((resolve, reject) => {
+      srv.once('error', reject);
+      srv.listen(port, '127.0.0.1', () => resolve());
+    });
+    port = (srv.address() as { port: number }).port;
+  };
+  const stop = async () => {
+    const srv = server;
+    const broker = aedes;
+    server = undefined;
+    aedes = undefined;
+    for (const s of sockets) s.destroy();
+    if (srv) await new Promise<void>((resolve) => srv.close(() => resolve()));
+    if (broker) await new Promise<void>((resolve) => broker.close(() => resolve()));
+  };
+  await start();
+  return {
+    kind: 'aedes',
+    get url() {
+      return `mqtt://127.0.0.1:${port}`;
+    },
+    get port() {
+      return port;
+    },
+    stop,
+    start,
+    close: stop,
+  };
+}
+
+export async function startMosquitto(): Promise<TestBroker> {
+  const dir = mkdtempSync(join(tmpdir(), 'devcloud-mosq-'));
+  const port = await freePort();
+  const conf = join(dir, 'mosquitto.conf');
+  writeFileSync(
+    conf,
+    [
+      `listener ${port} 127.0.0.1`,
+      'allow_anonymous true',
+      'persistence false',
+      'log_dest stderr',
+      'log_type error',
+      'max_inflight_messages 0',
+      'max_queued_messages 100000',
+      '',
+    ].join('\n'),
+  );
+  let proc: ChildProcess | undefined;
+  const start = async () => {
+    const child = spawn('mosquitto', ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
+    proc = child;
+    let stderr = '';
+    child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+    const deadline = Date.now() + 10_000;
+    while (!(await canConnect(port))) {
+      if (child.exitCode !== null) throw new Error(`mosquitto exited: ${stderr}`);
+      if (Date.now() > deadline) throw new Error(`mosquitto did not listen on ${port}: ${stderr}`);
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  };
+  const stop = async () => {
+    const child = proc;
+    proc = undefined;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill('SIGKILL');
+    await exited;
+  };
+  await start();
+  return {
+    kind: 'mosquitto',
+    url: `mqtt://127.0.0.1:${port}`,
+    port,
+    stop,
+    start,
+    close: async () => {
+      await stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = netConnect(port, '127.0.0.1');
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+}
