@@ -1,0 +1,221 @@
+/**
+ * The bridge's embedded MQTT broker (aedes), used when no external broker is configured (DESIGN sections 4
+ * and 5). Its hooks do what per-device credentials and ACLs do on Mosquitto in production:
+ *
+ * - authenticate: a device logs in with its uuid as username and its secret as password. A known device must
+ *   present its secret; an unknown one is enrolled on first connect when open enrolment is on (trust on first
+ *   use). Secrets are kept as hashes only.
+ * - authorize: a device publishes only under its own `up/` and `state`, and subscribes only to its own
+ *   `down/`. Anything else is refused and logged.
+ *
+ * The bridge's own client connects with a credential made at start that no device can guess.
+ */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { type AddressInfo, type Server, type Socket, createServer } from 'node:net';
+import { Aedes, type AuthenticateError, type Client } from 'aedes';
+import type { Logger } from '../lib/log.js';
+import { TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
+
+/** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
+export interface DeviceCredentials {
+  secretHash(deviceId: string): string | undefined;
+  enroll(deviceId: string, secretHash: string): void;
+}
+
+/** Credentials kept in memory, for a broker whose devices need not survive a restart. */
+export class MemoryCredentials implements DeviceCredentials {
+  private readonly hashes = new Map<string, string>();
+  secretHash(deviceId: string): string | undefined {
+    return this.hashes.get(deviceId);
+  }
+  enroll(deviceId: string, secretHash: string): void {
+    this.hashes.set(deviceId, secretHash);
+  }
+}
+
+/**
+ * Device secrets are 256 random bits, so a fast hash is as strong as a slow one here; what matters is that
+ * the broker never keeps the secret itself.
+ */
+export function hashSecret(secret: string | Buffer): string {
+  return createHash('sha256').update(secret).digest('hex');
+}
+
+function sameHash(a: string, b: string): boolean {
+  const x = Buffer.from(a, 'hex');
+  const y = Buffer.from(b, 'hex');
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+export interface EmbeddedBrokerOptions {
+  host: string;
+  /** 0 picks a free port. */
+  port: number;
+  /** Enrol unknown devices on first connect (trust on first use). */
+  openEnrolment: boolean;
+  credentials: DeviceCredentials;
+  log: Logger;
+}
+
+/** Why a client was refused, for the log and for tests. */
+export type Refusal = 'bad-username' | 'bad-secret' | 'not-enrolled' | 'publish-denied' | 'subscribe-denied';
+
+/** MQTT 3.1.1 CONNACK return codes used here. */
+const BAD_CREDENTIALS = 4;
+const NOT_AUTHORIZED = 5;
+
+export class EmbeddedBroker {
+  readonly aedes: Aedes;
+  /** The credential of the bridge's own client. */
+  readonly bridgeUsername = 'devcloud-bridge';
+  readonly bridgePassword = randomBytes(32).toString('hex');
+  /** The client id the bridge's own MQTT client must use with that credential. */
+  readonly bridgeClientId = `devcloud-bridge-${randomBytes(6).toString('hex')}`;
+  readonly refusals: Record<Refusal, number> = {
+    'bad-username': 0,
+    'bad-secret': 0,
+    'not-enrolled': 0,
+    'publish-denied': 0,
+    'subscribe-denied': 0,
+  };
+  private server: Server | undefined;
+  private readonly sockets = new Set<Socket>();
+
+  private constructor(
+    aedes: Aedes,
+    private readonly opts: EmbeddedBrokerOptions,
+  ) {
+    this.aedes = aedes;
+  }
+
+  static async start(opts: EmbeddedBrokerOptions): Promise<EmbeddedBroker> {
+    const aedes = await Aedes.createBroker({ id: 'devcloud-bridge' });
+    const broker = new EmbeddedBroker(aedes, opts);
+    broker.install();
+    await broker.listen();
+    return broker;
+  }
+
+  get port(): number {
+    return (this.server?.address() as AddressInfo | null)?.port ?? 0;
+  }
+
+  get url(): string {
+    const host = this.opts.host === '0.0.0.0' || this.opts.host === '::' ? '127.0.0.1' : this.opts.host;
+    return `mqtt://${host.includes(':') ? `[${host}]` : host}:${this.port}`;
+  }
+
+  async close(): Promise<void> {
+    const server = this.server;
+    this.server = undefined;
+    for (const s of this.sockets) s.destroy();
+    if (server) await new Promise<void>((resolve) => server.close(() => resolve()));
+    await new Promise<void>((resolve) => this.aedes.close(() => resolve()));
+  }
+
+  private listen(): Promise<void> {
+    const server = createServer((socket) => {
+      this.sockets.add(socket);
+      socket.on('close', () => this.sockets.delete(socket));
+      this.aedes.handle(socket);
+    });
+    this.server = server;
+    return new Promise((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(this.opts.port, this.opts.host, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+  }
+
+  private refuse(reason: Refusal, client: Client | null, detail: Record<string, unknown>): void {
+    this.refusals[reason]++;
+    this.opts.log.warn({ event: 'broker.refused', reason, clientId: client?.id, ...detail });
+  }
+
+  private install(): void {
+    const { aedes, opts } = this;
+    const log = opts.log;
+
+    aedes.authenticate = (client, username, password, done) => {
+      const fail = (code: number, reason: Refusal) => {
+        this.refuse(reason, client, { username: username?.slice(0, 64) });
+        const err = new Error(reason) as AuthenticateError;
+        err.returnCode = code;
+        done(err, false);
+      };
+      if (username === this.bridgeUsername) {
+        const ok =
+          client.id === this.bridgeClientId &&
+          password !== undefined &&
+          sameHash(hashSecret(password), hashSecret(this.bridgePassword));
+        if (ok) done(null, true);
+        else fail(BAD_CREDENTIALS, 'bad-secret');
+        return;
+      }
+      if (username === undefined || !isDeviceId(username) || client.id !== username) {
+        fail(NOT_AUTHORIZED, 'bad-username');
+        return;
+      }
+      if (password === undefined || password.length === 0) {
+        fail(BAD_CREDENTIALS, 'bad-secret');
+        return;
+      }
+      const presented = hashSecret(password);
+      const known = opts.credentials.secretHash(username);
+      if (known === undefined) {
+        if (!opts.openEnrolment) {
+          fail(NOT_AUTHORIZED, 'not-enrolled');
+          return;
+        }
+        opts.credentials.enroll(username, presented);
+        log.info({ event: 'broker.enrolled', deviceId: username });
+        done(null, true);
+        return;
+      }
+      if (!sameHash(known, presented)) {
+        fail(BAD_CREDENTIALS, 'bad-secret');
+        return;
+      }
+      done(null, true);
+    };
+
+    aedes.authorizePublish = (client, packet, done) => {
+      if (!client || this.isBridge(client)) {
+        done(null);
+        return;
+      }
+      const t = parseTopic(packet.topic);
+      const own = t !== undefined && t.deviceId === client.id && (t.name === 'state' || t.name.startsWith('up/'));
+      if (!own) {
+        this.refuse('publish-denied', client, { topic: packet.topic.slice(0, 200) });
+        done(new Error('publish denied'));
+        return;
+      }
+      done(null);
+    };
+
+    aedes.authorizeSubscribe = (client, sub, done) => {
+      if (!client || this.isBridge(client)) {
+        done(null, sub);
+        return;
+      }
+      const prefix = `${TOPIC_ROOT}/${client.id}/down/`;
+      const own =
+        sub.topic === `${prefix}#` || (sub.topic.startsWith(prefix) && !sub.topic.slice(prefix.length).includes('+'));
+      if (!own) {
+        this.refuse('subscribe-denied', client, { topic: sub.topic.slice(0, 200) });
+        // A null subscription tells the client it was refused (granted QoS 128).
+        done(null, null);
+        return;
+      }
+      done(null, sub);
+    };
+  }
+
+  /** Only a client that authenticated with the bridge credential can have this id (see authenticate). */
+  private isBridge(client: Client): boolean {
+    return client.id === this.bridgeClientId;
+  }
+}

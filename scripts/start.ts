@@ -1,0 +1,98 @@
+/**
+ * `npm start`: the embedded MQTT broker and one local agent, so that a newcomer sees devcloud work at once.
+ * State lives under ./var. Ports: 1883 for MQTT when free, else a free one; UDP 590 for authcodes when run as
+ * root, else a free unprivileged port. It says which it picked.
+ */
+import { createSocket } from 'node:dgram';
+import { createServer } from 'node:net';
+import { resolve } from 'node:path';
+import { Agent } from '../agent/agent.js';
+import { loadAgentConfig } from '../agent/config.js';
+import { ConfigError } from '../lib/config.js';
+import { writeFileAtomic } from '../lib/fsutil.js';
+import { createLogger } from '../lib/log.js';
+import { EmbeddedBroker, MemoryCredentials } from '../bridge/broker.js';
+
+async function tcpPortFree(port: number, host: string): Promise<boolean> {
+  const srv = createServer();
+  return new Promise((done) => {
+    srv.once('error', () => done(false));
+    srv.listen(port, host, () => srv.close(() => done(true)));
+  });
+}
+
+async function udpPortFree(port: number): Promise<boolean> {
+  const s = createSocket('udp4');
+  return new Promise((done) => {
+    s.once('error', () => done(false));
+    s.bind(port, () => s.close(() => done(true)));
+  });
+}
+
+const host = '127.0.0.1';
+const root = resolve(import.meta.dirname, '..');
+const stateDir = resolve(root, 'var/agent');
+const log = createLogger({ level: 'info', pretty: 'auto', base: { service: 'devcloud-bridge' } });
+const agentLog = createLogger({ level: 'info', pretty: 'auto', base: { service: 'devcloud-agent' } });
+
+const mqttPort = (await tcpPortFree(1883, host)) ? 1883 : 0;
+const broker = await EmbeddedBroker.start({
+  host,
+  port: mqttPort,
+  openEnrolment: true,
+  credentials: new MemoryCredentials(),
+  log,
+});
+
+const isRoot = process.getuid?.() === 0;
+let udpPort = 590;
+if (!isRoot || !(await udpPortFree(590))) udpPort = (await udpPortFree(5590)) ? 5590 : 0;
+
+let agent: Agent;
+try {
+  const config = loadAgentConfig({
+    flags: { stateDir, 'mqtt.url': broker.url, 'udp.port': udpPort, 'mqtt.backoffMaxMs': 5000 },
+    env: process.env,
+  });
+  agent = await Agent.start({ config, log: agentLog, env: {} });
+} catch (err) {
+  console.error(err instanceof ConfigError ? err.message : `cannot start the agent: ${String(err)}`);
+  await broker.close();
+  process.exit(1);
+}
+
+const socket = resolve(stateDir, 'agent.sock');
+const credFile = resolve(root, 'var/mqtt-bridge.password');
+writeFileAtomic(credFile, broker.bridgePassword, 0o600);
+const rel = (p: string) => p.replace(`${root}/`, '');
+const heardPort = agent.nearby.port ?? udpPort;
+console.log(`
+devcloud is running.
+  MQTT broker (embedded) ${broker.url}${mqttPort === 0 ? '   (1883 was taken, so a free port was picked)' : ''}
+  agent                  device ${agent.identity.deviceId}, state in ${rel(stateDir)}
+  authcodes              UDP ${heardPort}${udpPort !== 590 ? '   (590 needs root or CAP_NET_BIND_SERVICE, so an unprivileged port was picked)' : ''}
+
+Try, in another terminal:
+  npm run agent -- var set temp 21.5 --socket ${rel(socket)}
+  npm run agent -- var list --socket ${rel(socket)}
+  npm run agent -- var watch --socket ${rel(socket)}
+  npm run agent -- status --socket ${rel(socket)}
+  printf '0123456789abcdef' > /dev/udp/127.0.0.1/${heardPort}     # a phone announcing an authcode (bash)
+
+Watch the MQTT traffic (the embedded broker lets devices touch only their own topics, so this uses the
+bridge's credential, made anew at every start and kept in ${rel(credFile)}, mode 0600):
+  mosquitto_sub -h 127.0.0.1 -p ${broker.port} -i ${broker.bridgeClientId} -u ${broker.bridgeUsername} -P "$(cat ${rel(credFile)})" -t 'dc/v1/#' -v
+
+Ctrl-C stops everything.
+`);
+
+let stopping = false;
+const stop = async () => {
+  if (stopping) return;
+  stopping = true;
+  await agent.stop();
+  await broker.close();
+  process.exit(0);
+};
+process.once('SIGINT', () => void stop());
+process.once('SIGTERM', () => void stop());
