@@ -2,8 +2,9 @@
  * Logging for field engineers (STYLE principle 10): pino JSON lines on stdout for journald, one `event` name
  * on every line, secrets redacted. Human-readable when stdout is a terminal.
  */
+import { createRequire } from 'node:module';
 import { pino, type Logger } from 'pino';
-import pretty from 'pino-pretty';
+import type PinoPretty from 'pino-pretty';
 
 export type { Logger } from 'pino';
 
@@ -54,9 +55,19 @@ export function createLogger(options: LogOptions): Logger {
   };
   if (options.destination) return pino(opts, options.destination);
   if (usePretty) {
+    // Loaded only for a terminal: a gateway logging to journald never pays for it.
+    const pretty = createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty;
     return pino(
       opts,
-      pretty({ sync: true, colorize: true, translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,service' }),
+      pretty({
+        sync: true,
+        colorize: true,
+        singleLine: true,
+        translateTime: 'SYS:HH:MM:ss.l',
+        // One line per event, its name first: what a field engineer scans for.
+        messageFormat: '{event}',
+        ignore: 'pid,hostname,service,event',
+      }),
     );
   }
   // Synchronous writes: a line logged just before a crash still reaches the journal.
