@@ -36,7 +36,20 @@ export interface LoadedIdentity {
 }
 
 function readJson(path: string): unknown {
-  return JSON.parse(readFileSync(path, 'utf8')) as unknown;
+  const text = readFileSync(path, 'utf8');
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    // V8's message quotes the text around the error, which may be part of the secret: it would reach the log.
+    throw new SyntaxError('not valid JSON');
+  }
+}
+
+/** The first problem with the key it concerns; never the value, which may be the secret. */
+function firstIssue(error: z.ZodError): string {
+  const issue = error.issues[0];
+  if (!issue) return 'invalid';
+  return issue.path.length > 0 ? `${issue.path.join('.')}: ${issue.message}` : issue.message;
 }
 
 /** Loads the identity, making and storing it at first start. Throws {@link IdentityError} on a bad file. */
@@ -52,8 +65,7 @@ export function loadIdentity(stateDir: string, provisioningFile: string | undefi
   }
   if (raw !== undefined) {
     const parsed = Identity.safeParse(raw);
-    if (!parsed.success)
-      throw new IdentityError(`identity file ${path} is invalid: ${parsed.error.issues[0]?.message}`);
+    if (!parsed.success) throw new IdentityError(`identity file ${path} is invalid: ${firstIssue(parsed.error)}`);
     // Keep the secret private even if someone loosened the mode by hand.
     chmodSync(path, 0o600);
     return { identity: parsed.data, source: 'state' };
@@ -70,7 +82,7 @@ export function loadIdentity(stateDir: string, provisioningFile: string | undefi
     }
     const parsed = ProvisioningFile.safeParse(prov);
     if (!parsed.success) {
-      throw new IdentityError(`provisioning file ${provisioningFile} is invalid: ${parsed.error.issues[0]?.message}`);
+      throw new IdentityError(`provisioning file ${provisioningFile} is invalid: ${firstIssue(parsed.error)}`);
     }
     identity = { deviceId: parsed.data.deviceId, secret: parsed.data.secret, authcode: parsed.data.authcode };
     source = 'provisioned';

@@ -44,7 +44,12 @@ const base64 = (maxDecodedBytes: number) =>
     .string()
     .max(Math.ceil(maxDecodedBytes / 3) * 4)
     .regex(BASE64_RE, 'not base64')
-    .refine((s) => s.length % 4 === 0, 'not base64');
+    .refine((s) => s.length % 4 === 0, 'not base64')
+    // The length check above rounds up to whole 3-byte groups; this one counts the decoded bytes exactly.
+    .refine(
+      (s) => (s.length / 4) * 3 - (s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0) <= maxDecodedBytes,
+      'too large',
+    );
 
 /** The UTF-8 length of a string, in bytes. */
 const utf8Bytes = (s: string) => Buffer.byteLength(s, 'utf8');

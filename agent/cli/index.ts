@@ -31,6 +31,7 @@ Options:
 ${formatOptions(AGENT_OPTIONS)}
   --type d|s            variable type for the var commands (default d)
   --json                print JSON
+  -h, --help            this help
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error, 3 agent not reachable.
 `;
@@ -68,17 +69,19 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
     return EXIT.ok;
   }
   const [command = 'run', ...params] = args.positionals;
-  let config: AgentConfig;
+  let config: AgentConfig | undefined;
+  // Flag problems and config problems are reported together, so one run shows everything to fix.
+  const problems = [...args.problems];
   try {
-    if (args.problems.length > 0) throw new ConfigError(args.problems);
     config = loadAgentConfig({ flags: args.flags, env });
   } catch (err) {
-    if (err instanceof ConfigError) {
-      io.err(`devcloud-agent: ${err.message}`);
-      io.err('Run devcloud-agent --help for the options.');
-      return EXIT.usage;
-    }
-    throw err;
+    if (!(err instanceof ConfigError)) throw err;
+    problems.push(...err.problems);
+  }
+  if (problems.length > 0 || config === undefined) {
+    io.err(`devcloud-agent: ${new ConfigError(problems).message}`);
+    io.err('Run devcloud-agent --help for the options.');
+    return EXIT.usage;
   }
   if (type !== 'd' && type !== 's') {
     io.err(`devcloud-agent: --type must be d or s, not ${JSON.stringify(type)}`);
