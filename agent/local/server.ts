@@ -8,6 +8,7 @@ import { type Server, type Socket, connect, createServer } from 'node:net';
 import { dirname } from 'node:path';
 import { mkdirSync } from 'node:fs';
 import type { Logger, LogLevel } from '../../lib/log.js';
+import { VAR_NAME_RE } from '../../protocol/index.js';
 import { AgentError, isAgentError } from '../errors.js';
 import type { VarSync } from '../vars/sync.js';
 import { LocalRequest, type LocalResponse, MAX_LINE_BYTES, type WatchEvent, varJson } from './messages.js';
@@ -146,6 +147,10 @@ export class LocalServer {
       case 'list':
         return vars.list(req.type).map(varJson);
       case 'get': {
+        // Like set, rm and sync: a name that can never exist is the caller's mistake, not a missing variable.
+        if (!VAR_NAME_RE.test(req.name)) {
+          throw new AgentError('bad-name', `not a valid variable name: ${JSON.stringify(req.name)}`);
+        }
         const rec = vars.get(req.type, req.name);
         if (!rec) throw new AgentError('not-found', `no ${req.type} variable ${req.name}`);
         return varJson(rec);

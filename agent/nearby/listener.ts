@@ -86,15 +86,17 @@ export class NearbyListener {
     }
     const why =
       err.code === 'EACCES'
-        ? `permission denied: ports below 1024 need CAP_NET_BIND_SERVICE (the systemd unit grants it) or root`
+        ? 'permission denied'
         : err.code === 'EADDRINUSE'
           ? 'another program already uses the port'
           : err.message;
+    // Every remedy on the one line, whatever the cause: the engineer reading it may pick another port, and
+    // ports below 1024 need the capability too.
     log.error({
       event: 'nearby.bind_failed',
       port,
       code: err.code,
-      msg: `cannot listen for user authcodes on UDP port ${port}: ${why}; choose another port with --udp-port N. Nearby discovery is off, everything else keeps running.`,
+      msg: `cannot listen for user authcodes on UDP port ${port}: ${why}. Ports below 1024 need CAP_NET_BIND_SERVICE (the systemd unit grants it) or root; choose another port with --udp-port N. Nearby discovery is off, everything else keeps running.`,
     });
   }
 

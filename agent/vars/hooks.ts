@@ -4,7 +4,7 @@
  * DEVCLOUD_VAR_TYPE, DEVCLOUD_VAR_NAME, DEVCLOUD_VAR_VALUE (or DEVCLOUD_VAR_VALUE64 for bytes that are not
  * UTF-8), DEVCLOUD_VAR_DELETED=1 for a deletion, DEVCLOUD_VAR_ORIGIN, DEVCLOUD_VAR_TIME.
  */
-import { execFile } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import type { Logger } from '../../lib/log.js';
 import { encodeValue } from '../../protocol/index.js';
 import type { ChangeEvent } from './sync.js';
@@ -61,27 +61,52 @@ export class ChangeHook {
       if ('value' in enc && !enc.value.includes('\0')) env.DEVCLOUD_VAR_VALUE = enc.value;
       else env.DEVCLOUD_VAR_VALUE64 = rec.value.toString('base64');
     }
-    execFile(
-      this.opts.exec,
-      [],
-      { env, timeout: this.opts.timeoutMs, maxBuffer: 64 * 1024, killSignal: 'SIGKILL' },
-      (err, _stdout, stderr) => {
-        this.running = false;
-        if (err) {
-          this.counters.failed++;
-          this.opts.log.warn({
-            event: 'hook.failed',
-            name: rec.name,
-            exec: this.opts.exec,
-            err: err.killed ? `killed after ${this.opts.timeoutMs} ms` : err.message.split('\n')[0],
-            stderr: stderr.slice(0, 512),
-          });
-        } else {
-          this.counters.ran++;
-          this.opts.log.debug({ event: 'hook.ran', name: rec.name });
-        }
-        this.next();
-      },
-    );
+    // Its own process group (detached), so that a timeout kills what the hook started as well: a script stuck
+    // in a child command would otherwise leave that child running forever.
+    const child = spawn(this.opts.exec, [], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    let timedOut = false;
+    let done = false;
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (d: string) => {
+      if (stderr.length < 512) stderr += d;
+    });
+    const timer = setTimeout(() => {
+      timedOut = true;
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+      // A process that left the group may still hold the pipe; do not wait for it.
+      child.stderr.destroy();
+    }, this.opts.timeoutMs);
+    const finish = (err: string | undefined) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      this.running = false;
+      if (err !== undefined) {
+        this.counters.failed++;
+        this.opts.log.warn({
+          event: 'hook.failed',
+          name: rec.name,
+          exec: this.opts.exec,
+          err,
+          stderr: stderr.slice(0, 512),
+        });
+      } else {
+        this.counters.ran++;
+        this.opts.log.debug({ event: 'hook.ran', name: rec.name });
+      }
+      this.next();
+    };
+    child.once('error', (err) => finish(err.message));
+    child.once('close', (code, signal) => {
+      if (timedOut) finish(`killed after ${this.opts.timeoutMs} ms`);
+      else if (signal !== null) finish(`killed by ${signal}`);
+      else if (code !== 0) finish(`exited with status ${code}`);
+      else finish(undefined);
+    });
   }
 }
