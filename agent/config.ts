@@ -2,6 +2,7 @@
  * The agent's configuration: one schema with defaults, filled from a file, then `DEVCLOUD_*` environment
  * variables, then flags (see lib/config.ts). `config/agent.example.yaml` shows every key.
  */
+import { existsSync } from 'node:fs';
 import { arch } from 'node:os';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -244,6 +245,15 @@ export function socketPath(config: AgentConfig, env: NodeJS.ProcessEnv = process
   return join(runtime ?? config.stateDir, 'agent.sock');
 }
 
+/**
+ * The installed config file, read when no other is named and it exists: the service and the engineer's CLI on
+ * the same gateway then agree on the broker, the state directory and the socket.
+ */
+export function defaultConfigFile(env: NodeJS.ProcessEnv): string | undefined {
+  const path = join(env.CONFIGURATION_DIRECTORY?.split(':')[0] ?? '/etc/devcloud', 'agent.yaml');
+  return existsSync(path) ? path : undefined;
+}
+
 export interface AgentConfigInput {
   flags: Record<string, unknown>;
   env: NodeJS.ProcessEnv;
@@ -252,7 +262,7 @@ export interface AgentConfigInput {
 /** Loads the agent config; throws `ConfigError` with every problem. */
 export function loadAgentConfig({ flags, env }: AgentConfigInput): AgentConfig {
   const { configFile, ...rest } = flags;
-  const file = typeof configFile === 'string' ? configFile : env.DEVCLOUD_CONFIG || undefined;
+  const file = typeof configFile === 'string' ? configFile : env.DEVCLOUD_CONFIG || defaultConfigFile(env);
   return loadConfig(AgentConfigSchema, {
     options: AGENT_OPTIONS.filter((o) => o.key !== 'configFile'),
     defaults: { stateDir: defaultStateDir(env) },

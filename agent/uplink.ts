@@ -7,6 +7,7 @@
  */
 import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../lib/log.js';
 import {
@@ -126,7 +127,7 @@ export class Uplink extends EventEmitter<UplinkEvents> {
         client.publish(
           topicFor(this.opts.deviceId, 'state'),
           encode('state', finalState),
-          { qos: 1, retain: true },
+          { qos: 0, retain: true },
           () => resolve(),
         );
         // Never wait long for a broker that has gone away.
@@ -153,10 +154,12 @@ export class Uplink extends EventEmitter<UplinkEvents> {
       connectTimeout: o.connectTimeoutMs,
       reconnectPeriod: 0,
       queueQoSZero: false,
+      // Otherwise mqtt-packet builds a table of 65,536 two-byte buffers (about 7 MB of heap) on its first write.
+      writeCache: false,
       will: {
         topic: topicFor(o.deviceId, 'state'),
         payload: encode('state', 'offline'),
-        qos: 1,
+        qos: 0,
         retain: true,
       },
       rejectUnauthorized: o.rejectUnauthorized,
@@ -179,6 +182,9 @@ export class Uplink extends EventEmitter<UplinkEvents> {
       return;
     }
     this.client = client;
+    // Send every packet at once: with Nagle's algorithm the ack of a cloud push, written right after the PUBACK,
+    // waits for the broker's delayed ACK (about 40 ms on Linux). A WebSocket stream has no such switch.
+    (client.stream as Partial<Socket> | undefined)?.setNoDelay?.(true);
     let wasUp = false;
     client.on('connect', () => {
       client.subscribe(downFilter(this.opts.deviceId), { qos: 1 }, (err) => {
@@ -187,7 +193,8 @@ export class Uplink extends EventEmitter<UplinkEvents> {
           client.end(true);
           return;
         }
-        client.publish(topicFor(this.opts.deviceId, 'state'), encode('state', 'online'), { qos: 1, retain: true });
+        // `state` is the one topic at QoS 0 (DESIGN section 4): it is retained, and only its latest value matters.
+        client.publish(topicFor(this.opts.deviceId, 'state'), encode('state', 'online'), { qos: 0, retain: true });
         client.publish(topicFor(this.opts.deviceId, 'up/hello'), encode('up/hello', this.opts.hello()), { qos: 1 });
         wasUp = true;
         this.isUp = true;

@@ -95,6 +95,19 @@ export function convertOption(spec: OptionSpec, raw: string): unknown {
   }
 }
 
+/**
+ * A key written with no value (`identity:` with everything below it commented out) reads as null; it means
+ * "use the defaults", so it is dropped rather than reported as the wrong type.
+ */
+function withoutNulls(value: Plain): Plain {
+  const out: Plain = {};
+  for (const [k, v] of Object.entries(value)) {
+    if (v === null) continue;
+    out[k] = isPlain(v) ? withoutNulls(v) : v;
+  }
+  return out;
+}
+
 /** Reads the config file: YAML 1.2, which also accepts JSON. */
 export function readConfigFile(file: string): { value: Plain } | { problem: string } {
   let text: string;
@@ -112,7 +125,7 @@ export function readConfigFile(file: string): { value: Plain } | { problem: stri
   }
   if (parsed === null || parsed === undefined) return { value: {} };
   if (!isPlain(parsed)) return { problem: `config file ${file}: the top level must be a mapping of keys` };
-  return { value: parsed };
+  return { value: withoutNulls(parsed) };
 }
 
 /**
