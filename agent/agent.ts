@@ -191,7 +191,8 @@ export class Agent {
       this.touch();
       this.vars.onConnected();
       this.reporter.onConnected();
-      if (this.mode === 'deadleaf') this.startSettling();
+      // A wake is already settling (its time budget runs from the wake); this starts one after a mode change.
+      if (this.mode === 'deadleaf' && this.settleTimer === undefined) this.startSettling();
     });
     this.uplink.on('down', () => this.vars.onDisconnected());
     this.uplink.on('message', (msg) => {
@@ -303,6 +304,8 @@ export class Agent {
     this.awakeSince = this.now();
     if (this.mode === 'deadleaf') this.vars.resyncOnNextConnect();
     this.uplink.start();
+    // Settling starts now, not on connect: a wake that cannot reach the broker still sleeps after awakeMaxMs.
+    if (this.mode === 'deadleaf') this.startSettling();
   }
 
   private touch(): void {

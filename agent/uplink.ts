@@ -121,6 +121,8 @@ export class Uplink extends EventEmitter<UplinkEvents> {
     this.client = undefined;
     const wasUp = this.isUp;
     this.isUp = false;
+    // Said at once: a new connection may be up before the old one has finished closing.
+    if (wasUp) this.emit('down');
     if (!client) return;
     if (wasUp && client.connected) {
       await new Promise<void>((resolve) => {
@@ -140,7 +142,6 @@ export class Uplink extends EventEmitter<UplinkEvents> {
     });
     client.removeAllListeners();
     client.on('error', () => undefined);
-    if (wasUp) this.emit('down');
   }
 
   private clientOptions(): IClientOptions {

@@ -260,7 +260,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
         this.queueAck(ack);
         if (outcome === 'applied' && record) {
           this.counters.applied++;
-          this.opts.log.debug({ event: 'vars.applied', name: item.name, time: item.time, kind: item.kind });
+          this.opts.log.debug({ event: 'vars.applied', name: item.name, versionTime: item.time, kind: item.kind });
           this.emit('change', { record, source: 'cloud' });
         } else {
           this.counters.ignored++;
@@ -272,7 +272,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
   }
 
   private afterLocalChange(rec: VarRecord): void {
-    this.opts.log.debug({ event: 'vars.local_change', type: rec.type, name: rec.name, time: rec.time });
+    this.opts.log.debug({ event: 'vars.local_change', type: rec.type, name: rec.name, versionTime: rec.time });
     this.queue(rec, 'push');
     this.emit('change', { record: rec, source: 'local' });
   }
