@@ -38,8 +38,13 @@ export class LocalServer {
     private readonly api: LocalApi,
     private readonly log: Logger,
   ) {
-    api.vars.on('change', ({ record, source }) => this.broadcast({ event: 'change', source, var: varJson(record) }));
-    api.vars.on('stamp', ({ record, stamp }) => this.broadcast({ event: stamp, var: varJson(record) }));
+    // Every change and every ack passes here: build the event only when someone watches.
+    api.vars.on('change', ({ record, source }) => {
+      if (this.watchers.size > 0) this.broadcast({ event: 'change', source, var: varJson(record) });
+    });
+    api.vars.on('stamp', ({ record, stamp }) => {
+      if (this.watchers.size > 0) this.broadcast({ event: stamp, var: varJson(record) });
+    });
   }
 
   async start(): Promise<void> {
