@@ -197,6 +197,11 @@ export class LocalServer {
       socket.destroy();
       return;
     }
+    // Replies to a pipelined batch resolve together after one commit; send them in one write.
+    if (!socket.writableCorked) {
+      socket.cork();
+      process.nextTick(() => socket.uncork());
+    }
     socket.write(`${line}\n`);
   }
 }

@@ -80,6 +80,12 @@ interface Row {
   syncacked: number;
 }
 
+/** Where a page of a key-ordered listing ends. */
+export interface PageKey {
+  type: VarType;
+  name: string;
+}
+
 export type RemoteOutcome = 'applied' | 'duplicate' | 'older';
 
 export interface HistoryEntry {
@@ -102,18 +108,39 @@ export class VarStore {
     this.stmts = {
       get: db.prepare<[VarType, string], Row>('SELECT * FROM vars WHERE type = ? AND name = ?'),
       list: db.prepare<[VarType], Row>('SELECT * FROM vars WHERE type = ? AND value IS NOT NULL ORDER BY name'),
-      all: db.prepare<[VarType], Row>('SELECT * FROM vars WHERE type = ? ORDER BY name'),
       upsert: db.prepare(`
         INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
         VALUES (@type, @name, @value, @time, @origin, @acked, @synced, @syncacked)
         ON CONFLICT (type, name) DO UPDATE SET
           value = excluded.value, time = excluded.time, origin = excluded.origin, acked = excluded.acked,
           synced = excluded.synced, syncacked = excluded.syncacked`),
+      // A value set on the gateway, in one statement: its time is later than the version it replaces.
+      setLocal: db.prepare<[{ type: VarType; name: string; value: Buffer; now: number }], Row>(`
+        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
+        VALUES (@type, @name, @value, @now, 'device', 0, 0, 0)
+        ON CONFLICT (type, name) DO UPDATE SET
+          value = excluded.value, time = max(excluded.time, vars.time + 1), origin = 'device', acked = 0
+        RETURNING *`),
+      ack: db.prepare<[{ now: number; type: VarType; name: string; time: number; origin: Origin }], Row>(`
+        UPDATE vars SET acked = max(@now, time)
+        WHERE type = @type AND name = @name AND time = @time AND origin = @origin AND acked < time
+        RETURNING *`),
+      syncAck: db.prepare<[{ now: number; type: VarType; name: string; synced: number }], Row>(`
+        UPDATE vars SET syncacked = max(@now, synced)
+        WHERE type = @type AND name = @name AND synced = @synced AND syncacked < synced
+        RETURNING *`),
       setAcked: db.prepare('UPDATE vars SET acked = ? WHERE type = ? AND name = ?'),
       setSynced: db.prepare('UPDATE vars SET synced = ? WHERE type = ? AND name = ?'),
-      setSyncacked: db.prepare('UPDATE vars SET syncacked = ? WHERE type = ? AND name = ?'),
-      unacked: db.prepare<[], Row>('SELECT * FROM vars WHERE acked < time ORDER BY time'),
-      unsynced: db.prepare<[], Row>('SELECT * FROM vars WHERE syncacked < synced ORDER BY synced'),
+      // Pages in key order, so that a catch-up of any size holds one page in memory at a time.
+      unacked: db.prepare<[{ type: string; name: string; limit: number }], Row>(
+        'SELECT * FROM vars WHERE acked < time AND (type, name) > (@type, @name) ORDER BY type, name LIMIT @limit',
+      ),
+      unsynced: db.prepare<[{ type: string; name: string; limit: number }], Row>(
+        'SELECT * FROM vars WHERE syncacked < synced AND (type, name) > (@type, @name) ORDER BY type, name LIMIT @limit',
+      ),
+      allPage: db.prepare<[{ type: string; name: string; limit: number }], Row>(
+        'SELECT * FROM vars WHERE type = @type AND name > @name ORDER BY name LIMIT @limit',
+      ),
       countUnacked: db.prepare<[], { n: number }>('SELECT count(*) AS n FROM vars WHERE acked < time'),
       countUnsynced: db.prepare<[], { n: number }>('SELECT count(*) AS n FROM vars WHERE syncacked < synced'),
       history: db.prepare('INSERT INTO history (type, name, value, time, origin) VALUES (?, ?, ?, ?, ?)'),
@@ -137,9 +164,9 @@ export class VarStore {
     return this.stmts.list.all(type);
   }
 
-  /** Every record of a type, tombstones included (what a full sync sends). */
-  all(type: VarType): VarRecord[] {
-    return this.stmts.all.all(type);
+  /** Records of a type after `name` in name order, tombstones included: a page of a full sync. */
+  allPage(type: VarType, afterName: string, limit: number): VarRecord[] {
+    return this.stmts.allPage.all({ type, name: afterName, limit });
   }
 
   /**
@@ -148,6 +175,11 @@ export class VarStore {
    * already deleted changes nothing and returns `undefined`.
    */
   setLocal(type: VarType, name: string, value: Buffer | null, now: number): VarRecord | undefined {
+    if (value !== null) {
+      const rec = this.stmts.setLocal.get({ type, name, value, now })!;
+      this.addHistory(rec);
+      return rec;
+    }
     const cur = this.get(type, name);
     if (value === null && (cur === undefined || cur.value === null)) return undefined;
     const rec: VarRecord = {
@@ -197,11 +229,7 @@ export class VarStore {
 
   /** Records the cloud's acknowledgement of a push; ignored unless it names the version we hold. */
   markAcked(ack: AckItem, now: number): VarRecord | undefined {
-    const cur = this.get(ack.type, ack.name);
-    if (!cur || cur.time !== ack.time || cur.origin !== ack.origin || cur.acked >= cur.time) return undefined;
-    cur.acked = Math.max(now, cur.time);
-    this.stmts.setAcked.run(cur.acked, ack.type, ack.name);
-    return cur;
+    return this.stmts.ack.get({ now, type: ack.type, name: ack.name, time: ack.time, origin: ack.origin });
   }
 
   /** Marks a variable as re-sent now; returns the record to send, or `undefined` when there is none. */
@@ -216,11 +244,8 @@ export class VarStore {
 
   /** Records the cloud's acknowledgement of a re-send; ignored unless it names our latest one. */
   markSyncAcked(ack: AckItem, now: number): VarRecord | undefined {
-    const cur = this.get(ack.type, ack.name);
-    if (!cur || ack.synced === undefined || cur.synced !== ack.synced || cur.syncacked >= cur.synced) return undefined;
-    cur.syncacked = Math.max(now, cur.synced);
-    this.stmts.setSyncacked.run(cur.syncacked, ack.type, ack.name);
-    return cur;
+    if (ack.synced === undefined) return undefined;
+    return this.stmts.syncAck.get({ now, type: ack.type, name: ack.name, synced: ack.synced });
   }
 
   /** Clears the acknowledgement of the version we hold, so that it is pushed again. */
@@ -228,14 +253,14 @@ export class VarStore {
     this.stmts.setAcked.run(0, type, name);
   }
 
-  /** Versions the cloud has not acknowledged yet. */
-  unacked(): VarRecord[] {
-    return this.stmts.unacked.all();
+  /** Versions the cloud has not acknowledged yet: a page after `after` in key order (from the start without it). */
+  unacked(after?: PageKey, limit = Number.MAX_SAFE_INTEGER): VarRecord[] {
+    return this.stmts.unacked.all({ type: after?.type ?? '', name: after?.name ?? '', limit });
   }
 
-  /** Re-sends the cloud has not acknowledged yet. */
-  unsynced(): VarRecord[] {
-    return this.stmts.unsynced.all();
+  /** Re-sends the cloud has not acknowledged yet, a page at a time like {@link unacked}. */
+  unsynced(after?: PageKey, limit = Number.MAX_SAFE_INTEGER): VarRecord[] {
+    return this.stmts.unsynced.all({ type: after?.type ?? '', name: after?.name ?? '', limit });
   }
 
   pendingCounts(): { pushes: number; syncs: number } {
@@ -256,6 +281,10 @@ export class VarStore {
 
   private write(rec: VarRecord): void {
     this.stmts.upsert.run(rec);
+    this.addHistory(rec);
+  }
+
+  private addHistory(rec: VarRecord): void {
     if (this.historyLimit > 0) {
       this.stmts.history.run(rec.type, rec.name, rec.value, rec.time, rec.origin);
       // Pruning in steps keeps its cost off the per-change path.

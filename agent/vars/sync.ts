@@ -11,7 +11,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../../lib/log.js';
-import type { GroupCommitter } from '../../lib/sqlite.js';
+import type { GroupCommitter, RunOptions } from '../../lib/sqlite.js';
 import {
   type AckItem,
   type AcksMessage,
@@ -26,7 +26,7 @@ import {
   messageId,
 } from '../../protocol/index.js';
 import { AgentError } from '../errors.js';
-import type { VarRecord, VarStore, VarType } from './store.js';
+import type { PageKey, VarRecord, VarStore, VarType } from './store.js';
 
 /** What the sync engine needs of the uplink. */
 export interface UplinkPort {
@@ -59,6 +59,12 @@ interface SyncEvents {
 }
 
 type Kind = 'push' | 'sync';
+
+/** Rows read and sent at a time by catch-up, retry and full sync. */
+const PAGE = 500;
+
+/** Lets the event loop send what was queued (and serve others) before the next page is read. */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 /** Half the receiver's limit, so that the estimate below can be rough. */
 const MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES / 2;
@@ -93,6 +99,9 @@ export class VarSync extends EventEmitter<SyncEvents> {
   private readonly sentAt = new Map<string, number>();
   private retryTimer: NodeJS.Timeout | undefined;
   private syncedSinceStart = false;
+  /** Counts connects and disconnects, so that paged work for a connection that is gone stops. */
+  private connection = 0;
+  private retrying = false;
   private closed = false;
   readonly counters = { pushed: 0, synced: 0, acksSent: 0, acksReceived: 0, applied: 0, ignored: 0, dropped: 0 };
 
@@ -148,13 +157,21 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   /** Syncs every `d` variable, tombstones included: the catch-up after start or on the cloud's request. */
   async syncAll(): Promise<number> {
-    const records = await this.run(() => {
-      const now = this.opts.now();
-      return this.store.all('d').map((r) => this.store.markSynced(r.type, r.name, now)!);
-    });
-    for (const rec of records) this.queue(rec, 'sync');
-    if (records.length > 0) this.opts.log.info({ event: 'vars.sync_all', count: records.length });
-    return records.length;
+    let after = '';
+    let count = 0;
+    for (;;) {
+      const records = await this.run(() => {
+        const now = this.opts.now();
+        return this.store.allPage('d', after, PAGE).map((r) => this.store.markSynced(r.type, r.name, now)!);
+      });
+      for (const rec of records) this.queue(rec, 'sync');
+      count += records.length;
+      if (records.length < PAGE) break;
+      after = records[records.length - 1]!.name;
+      await nextTurn();
+    }
+    if (count > 0) this.opts.log.info({ event: 'vars.sync_all', count });
+    return count;
   }
 
   /** Nothing waits for the cloud: every version and sync is acknowledged and nothing is left to send. */
@@ -171,22 +188,47 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   /** Called on every connect: sends again what the cloud has not acknowledged, and syncs once after start. */
   onConnected(): void {
+    this.connection++;
     this.sentAt.clear();
-    const unacked = this.store.unacked();
-    const unsynced = this.store.unsynced();
-    for (const rec of unacked) this.queue(rec, 'push');
-    for (const rec of unsynced) this.queue(rec, 'sync');
-    if (unacked.length + unsynced.length > 0) {
-      this.opts.log.info({ event: 'vars.catch_up', pushes: unacked.length, syncs: unsynced.length });
-    }
-    if (!this.syncedSinceStart) {
-      this.syncedSinceStart = true;
-      this.syncAll().catch((err: unknown) => this.failed('vars.sync_all_failed', err));
-    }
+    this.catchUp(this.connection).catch((err: unknown) => this.failed('vars.catch_up_failed', err));
     this.startRetry();
   }
 
+  private async catchUp(connection: number): Promise<void> {
+    const sent = await this.resendPending(connection, () => true);
+    if (sent.push + sent.sync > 0) this.opts.log.info({ event: 'vars.catch_up', pushes: sent.push, syncs: sent.sync });
+    if (!this.syncedSinceStart && connection === this.connection) {
+      this.syncedSinceStart = true;
+      await this.syncAll();
+    }
+  }
+
+  /**
+   * Sends again what waits for the cloud's acknowledgement and passes `due`, a page at a time, each page sent
+   * before the next is read. Stops when the connection it was started for is gone.
+   */
+  private async resendPending(connection: number, due: (key: string) => boolean): Promise<Record<Kind, number>> {
+    const sent: Record<Kind, number> = { push: 0, sync: 0 };
+    for (const kind of ['push', 'sync'] as const) {
+      let after: PageKey | undefined;
+      for (;;) {
+        if (connection !== this.connection || this.closed || !this.uplink.connected) return sent;
+        const page = kind === 'push' ? this.store.unacked(after, PAGE) : this.store.unsynced(after, PAGE);
+        for (const rec of page) {
+          if (!due(keyOf(kind, rec.type, rec.name))) continue;
+          this.queue(rec, kind);
+          sent[kind]++;
+        }
+        if (page.length < PAGE) break;
+        after = page[page.length - 1];
+        await nextTurn();
+      }
+    }
+    return sent;
+  }
+
   onDisconnected(): void {
+    this.connection++;
     clearInterval(this.retryTimer);
     this.retryTimer = undefined;
     this.outVars.clear();
@@ -218,17 +260,26 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   handleAcks(msg: AcksMessage): void {
     this.counters.acksReceived += msg.acks.length;
-    for (const ack of msg.acks) {
-      const now = this.opts.now();
-      this.run(() => (ack.kind === 'push' ? this.store.markAcked(ack, now) : this.store.markSyncAcked(ack, now))).then(
-        (rec) => {
+    const now = this.opts.now();
+    // One unit for the whole message, committed without fsync: a stamp lost in a crash only means the version
+    // is pushed again and acknowledged again.
+    this.run(
+      () =>
+        msg.acks.map((ack) =>
+          ack.kind === 'push' ? this.store.markAcked(ack, now) : this.store.markSyncAcked(ack, now),
+        ),
+      { durable: false },
+    ).then(
+      (records) => {
+        records.forEach((rec, i) => {
           if (!rec) return;
+          const ack = msg.acks[i]!;
           this.sentAt.delete(keyOf(ack.kind, ack.type, ack.name));
           this.emit('stamp', { record: rec, stamp: ack.kind === 'push' ? 'acked' : 'syncacked' });
-        },
-        (err: unknown) => this.failed('vars.ack_commit_failed', err),
-      );
-    }
+        });
+      },
+      (err: unknown) => this.failed('vars.ack_commit_failed', err),
+    );
   }
 
   close(): void {
@@ -344,27 +395,20 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   /** While connected, sends again what has waited longer than `retryMs` (the cloud may have restarted). */
   private retry(): void {
-    if (!this.uplink.connected) return;
+    if (!this.uplink.connected || this.retrying) return;
+    this.retrying = true;
     const now = this.opts.now();
-    let again = 0;
     const due = (key: string) => now - (this.sentAt.get(key) ?? 0) >= this.opts.retryMs;
-    for (const rec of this.store.unacked()) {
-      if (due(keyOf('push', rec.type, rec.name))) {
-        this.queue(rec, 'push');
-        again++;
-      }
-    }
-    for (const rec of this.store.unsynced()) {
-      if (due(keyOf('sync', rec.type, rec.name))) {
-        this.queue(rec, 'sync');
-        again++;
-      }
-    }
-    if (again > 0) this.opts.log.info({ event: 'vars.resend', count: again });
+    this.resendPending(this.connection, due)
+      .then((sent) => {
+        if (sent.push + sent.sync > 0) this.opts.log.info({ event: 'vars.resend', count: sent.push + sent.sync });
+      })
+      .catch((err: unknown) => this.failed('vars.resend_failed', err))
+      .finally(() => (this.retrying = false));
   }
 
-  private run<T>(work: () => T): Promise<T> {
-    return this.commit.run(work);
+  private run<T>(work: () => T, options?: RunOptions): Promise<T> {
+    return this.commit.run(work, options);
   }
 
   private checkName(name: string): void {
