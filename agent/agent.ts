@@ -183,6 +183,7 @@ export class Agent {
       nearby: { port: this.nearby.port ?? null, listening: this.nearby.listening, ...this.nearby.counters },
       hook: this.hook?.counters ?? null,
       uptimeMs: this.now() - this.startedAt,
+      memory: process.memoryUsage(),
     };
   }
 

@@ -2,6 +2,7 @@
  * Encoding and decoding of payloads. Decoding never throws: a payload that is not what its topic carries
  * comes back as a reason, which the receiver logs once and counts (DESIGN section 4).
  */
+import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
 import { type Payloads, SCHEMAS } from './schemas.js';
 import type { TopicName } from './topics.js';
@@ -45,12 +46,7 @@ export function messageId(): string {
 
 /** Text values travel as `value`; bytes that are not valid UTF-8 travel as `value64` (decision 9). */
 export function encodeValue(bytes: Buffer): { value: string } | { value64: string } {
-  const text = bytes.toString('utf8');
-  // A round trip that changes the bytes means they were not valid UTF-8.
-  if (Buffer.byteLength(text, 'utf8') === bytes.length && Buffer.from(text, 'utf8').equals(bytes)) {
-    return { value: text };
-  }
-  return { value64: bytes.toString('base64') };
+  return isUtf8(bytes) ? { value: bytes.toString('utf8') } : { value64: bytes.toString('base64') };
 }
 
 /** The bytes of an item's value, or `null` for a tombstone. */

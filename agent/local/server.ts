@@ -42,8 +42,10 @@ export class LocalServer {
     api.vars.on('change', ({ record, source }) => {
       if (this.watchers.size > 0) this.broadcast({ event: 'change', source, var: varJson(record) });
     });
-    api.vars.on('stamp', ({ record, stamp }) => {
-      if (this.watchers.size > 0) this.broadcast({ event: stamp, var: varJson(record) });
+    api.vars.on('stamp', ({ type, name, stamp }) => {
+      if (this.watchers.size === 0) return;
+      const record = api.vars.record(type, name);
+      if (record) this.broadcast({ event: stamp, var: varJson(record) });
     });
   }
 

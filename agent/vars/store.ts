@@ -67,7 +67,18 @@ export const VAR_MIGRATIONS: readonly Migration[] = [
       CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
     `);
   },
+  (db) => {
+    // Every change entered this index and every acknowledgement left it, a cost on the hot path for a query
+    // that runs only at catch-up; a scan of the table in key order serves that well enough.
+    db.exec('DROP INDEX vars_unacked');
+  },
 ];
+
+interface Stamps {
+  time: number;
+  synced: number;
+  syncacked: number;
+}
 
 interface Row {
   type: VarType;
@@ -115,20 +126,21 @@ export class VarStore {
           value = excluded.value, time = excluded.time, origin = excluded.origin, acked = excluded.acked,
           synced = excluded.synced, syncacked = excluded.syncacked`),
       // A value set on the gateway, in one statement: its time is later than the version it replaces.
-      setLocal: db.prepare<[{ type: VarType; name: string; value: Buffer; now: number }], Row>(`
+      setLocal: db.prepare<[{ type: VarType; name: string; value: Buffer; now: number }], Stamps>(`
         INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
         VALUES (@type, @name, @value, @now, 'device', 0, 0, 0)
         ON CONFLICT (type, name) DO UPDATE SET
           value = excluded.value, time = max(excluded.time, vars.time + 1), origin = 'device', acked = 0
-        RETURNING *`),
-      ack: db.prepare<[{ now: number; type: VarType; name: string; time: number; origin: Origin }], Row>(`
+        RETURNING time, synced, syncacked`),
+      // Acknowledgements change stamps only; the value is not read back.
+      ack: db.prepare<[{ now: number; type: VarType; name: string; time: number; origin: Origin }], { acked: number }>(`
         UPDATE vars SET acked = max(@now, time)
         WHERE type = @type AND name = @name AND time = @time AND origin = @origin AND acked < time
-        RETURNING *`),
-      syncAck: db.prepare<[{ now: number; type: VarType; name: string; synced: number }], Row>(`
+        RETURNING acked`),
+      syncAck: db.prepare<[{ now: number; type: VarType; name: string; synced: number }], { syncacked: number }>(`
         UPDATE vars SET syncacked = max(@now, synced)
         WHERE type = @type AND name = @name AND synced = @synced AND syncacked < synced
-        RETURNING *`),
+        RETURNING syncacked`),
       setAcked: db.prepare('UPDATE vars SET acked = ? WHERE type = ? AND name = ?'),
       setSynced: db.prepare('UPDATE vars SET synced = ? WHERE type = ? AND name = ?'),
       // Pages in key order, so that a catch-up of any size holds one page in memory at a time.
@@ -176,7 +188,8 @@ export class VarStore {
    */
   setLocal(type: VarType, name: string, value: Buffer | null, now: number): VarRecord | undefined {
     if (value !== null) {
-      const rec = this.stmts.setLocal.get({ type, name, value, now })!;
+      const stamps = this.stmts.setLocal.get({ type, name, value, now })!;
+      const rec: VarRecord = { type, name, value, origin: 'device', acked: 0, ...stamps };
       this.addHistory(rec);
       return rec;
     }
@@ -227,9 +240,12 @@ export class VarStore {
     return { outcome: 'applied', record: rec };
   }
 
-  /** Records the cloud's acknowledgement of a push; ignored unless it names the version we hold. */
-  markAcked(ack: AckItem, now: number): VarRecord | undefined {
-    return this.stmts.ack.get({ now, type: ack.type, name: ack.name, time: ack.time, origin: ack.origin });
+  /**
+   * Records the cloud's acknowledgement of a push; ignored unless it names the version we hold. Returns the new
+   * `acked`, or `undefined` when nothing changed.
+   */
+  markAcked(ack: AckItem, now: number): number | undefined {
+    return this.stmts.ack.get({ now, type: ack.type, name: ack.name, time: ack.time, origin: ack.origin })?.acked;
   }
 
   /** Marks a variable as re-sent now; returns the record to send, or `undefined` when there is none. */
@@ -243,9 +259,9 @@ export class VarStore {
   }
 
   /** Records the cloud's acknowledgement of a re-send; ignored unless it names our latest one. */
-  markSyncAcked(ack: AckItem, now: number): VarRecord | undefined {
+  markSyncAcked(ack: AckItem, now: number): number | undefined {
     if (ack.synced === undefined) return undefined;
-    return this.stmts.syncAck.get({ now, type: ack.type, name: ack.name, synced: ack.synced });
+    return this.stmts.syncAck.get({ now, type: ack.type, name: ack.name, synced: ack.synced })?.syncacked;
   }
 
   /** Clears the acknowledgement of the version we hold, so that it is pushed again. */

@@ -49,8 +49,11 @@ export interface ChangeEvent {
 }
 
 export interface StampEvent {
-  record: VarRecord;
+  type: VarType;
+  name: string;
   stamp: 'acked' | 'syncacked';
+  /** The new value of the stamp. */
+  at: number;
 }
 
 interface SyncEvents {
@@ -119,6 +122,11 @@ export class VarSync extends EventEmitter<SyncEvents> {
   get(type: VarType, name: string): VarRecord | undefined {
     const rec = this.store.get(type, name);
     return rec && rec.value !== null ? rec : undefined;
+  }
+
+  /** The record as stored, tombstones included. */
+  record(type: VarType, name: string): VarRecord | undefined {
+    return this.store.get(type, name);
   }
 
   list(type: VarType): VarRecord[] {
@@ -270,12 +278,17 @@ export class VarSync extends EventEmitter<SyncEvents> {
         ),
       { durable: false },
     ).then(
-      (records) => {
-        records.forEach((rec, i) => {
-          if (!rec) return;
+      (stamps) => {
+        stamps.forEach((at, i) => {
+          if (at === undefined) return;
           const ack = msg.acks[i]!;
           this.sentAt.delete(keyOf(ack.kind, ack.type, ack.name));
-          this.emit('stamp', { record: rec, stamp: ack.kind === 'push' ? 'acked' : 'syncacked' });
+          this.emit('stamp', {
+            type: ack.type,
+            name: ack.name,
+            stamp: ack.kind === 'push' ? 'acked' : 'syncacked',
+            at,
+          });
         });
       },
       (err: unknown) => this.failed('vars.ack_commit_failed', err),
