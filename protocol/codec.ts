@@ -4,7 +4,7 @@
  */
 import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
-import { type Payloads, SCHEMAS } from './schemas.js';
+import { type AckItem, type Payloads, SCHEMAS, type VarItem } from './schemas.js';
 import type { TopicName } from './topics.js';
 
 /** Larger payloads are refused before parsing; senders batch well below this. */
@@ -54,4 +54,36 @@ export function decodeValue(item: { value?: string; value64?: string; deleted?: 
   if (item.deleted) return null;
   if (item.value64 !== undefined) return Buffer.from(item.value64, 'base64');
   return Buffer.from(item.value ?? '', 'utf8');
+}
+
+/** What both sides keep of a variable version, as far as the wire needs it. */
+export interface VersionRecord {
+  type: 'd' | 's';
+  name: string;
+  /** `null` for a tombstone. */
+  value: Buffer | null;
+  time: number;
+  origin: 'device' | 'cloud';
+  synced: number;
+}
+
+/** The wire form of a version: a push, or a sync carrying the sender's `synced` stamp. */
+export function varItem(rec: VersionRecord, kind: 'push' | 'sync'): VarItem {
+  const item: VarItem = {
+    kind,
+    type: rec.type,
+    name: rec.name,
+    ...(rec.value === null ? { deleted: true as const } : encodeValue(rec.value)),
+    time: rec.time,
+    origin: rec.origin,
+  };
+  if (kind === 'sync') item.synced = rec.synced;
+  return item;
+}
+
+/** The acknowledgement of an item: it names the version and, for a sync, the `synced` stamp it answers. */
+export function ackFor(item: VarItem): AckItem {
+  const ack: AckItem = { kind: item.kind, type: item.type, name: item.name, time: item.time, origin: item.origin };
+  if (item.synced !== undefined) ack.synced = item.synced;
+  return ack;
 }

@@ -80,16 +80,8 @@ interface Stamps {
   syncacked: number;
 }
 
-interface Row {
-  type: VarType;
-  name: string;
-  value: Buffer | null;
-  time: number;
-  origin: Origin;
-  acked: number;
-  synced: number;
-  syncacked: number;
-}
+/** A row of `vars` is a record as it is. */
+type Row = VarRecord;
 
 /** Where a page of a key-ordered listing ends. */
 export interface PageKey {

@@ -21,9 +21,10 @@ import {
   type VarsMessage,
   MAX_PAYLOAD_BYTES,
   VAR_NAME_RE,
+  ackFor,
   decodeValue,
-  encodeValue,
   messageId,
+  varItem,
 } from '../../protocol/index.js';
 import { AgentError } from '../errors.js';
 import type { PageKey, VarRecord, VarStore, VarType } from './store.js';
@@ -79,20 +80,6 @@ function itemBytes(item: VarItem): number {
 }
 
 const keyOf = (kind: Kind, type: VarType, name: string) => `${kind}:${type}/${name}`;
-
-/** The wire form of a record. */
-export function toItem(rec: VarRecord, kind: Kind): VarItem {
-  const item: VarItem = {
-    kind,
-    type: rec.type,
-    name: rec.name,
-    ...(rec.value === null ? { deleted: true as const } : encodeValue(rec.value)),
-    time: rec.time,
-    origin: rec.origin,
-  };
-  if (kind === 'sync') item.synced = rec.synced;
-  return item;
-}
 
 export class VarSync extends EventEmitter<SyncEvents> {
   private readonly outVars = new Map<string, VarItem>();
@@ -313,14 +300,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
     }).then(
       ({ outcome, record }) => {
         // Acknowledged only now that the commit is on disk.
-        const ack: AckItem = {
-          kind: item.kind,
-          type: item.type,
-          name: item.name,
-          time: item.time,
-          origin: item.origin,
-        };
-        if (item.synced !== undefined) ack.synced = item.synced;
+        const ack = ackFor(item);
         this.queueAck(ack);
         if (outcome === 'applied' && record) {
           this.counters.applied++;
@@ -343,7 +323,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   private queue(rec: VarRecord, kind: Kind): void {
     if (this.closed || !this.uplink.connected) return;
-    this.outVars.set(keyOf(kind, rec.type, rec.name), toItem(rec, kind));
+    this.outVars.set(keyOf(kind, rec.type, rec.name), varItem(rec, kind));
     this.scheduleFlush();
   }
 

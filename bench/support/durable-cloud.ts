@@ -20,6 +20,7 @@ import {
   messageId,
   parseTopic,
   topicFor,
+  ackFor,
 } from '../../protocol/index.js';
 import { connectClient } from './bare-mqtt.js';
 
@@ -208,15 +209,7 @@ export class DurableCloud {
           }).changes;
           if (changed > 0) this.counters.versions++;
           else this.counters.unchanged++;
-          const ack: AckItem = {
-            kind: item.kind,
-            type: item.type,
-            name: item.name,
-            time: item.time,
-            origin: item.origin,
-          };
-          if (item.synced !== undefined) ack.synced = item.synced;
-          acks.push(ack);
+          acks.push(ackFor(item));
         }
         return acks;
       })

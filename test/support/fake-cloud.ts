@@ -14,10 +14,11 @@ import {
   decode,
   decodeValue,
   encode,
-  encodeValue,
   messageId,
   parseTopic,
   topicFor,
+  ackFor,
+  varItem,
 } from '../../protocol/index.js';
 
 export interface CloudRecord {
@@ -116,7 +117,7 @@ export class FakeCloud {
     };
     dev.vars.set(`d/${name}`, rec);
     this.record(deviceId, rec);
-    this.sendVars(deviceId, [this.item(rec, 'push')]);
+    this.sendVars(deviceId, [varItem(rec, 'push')]);
     return rec;
   }
 
@@ -125,7 +126,7 @@ export class FakeCloud {
     const rec = this.get(deviceId, name);
     if (!rec) throw new Error(`no d/${name} for ${deviceId}`);
     rec.synced = Math.max(now, rec.synced + 1);
-    this.sendVars(deviceId, [this.item(rec, 'sync')]);
+    this.sendVars(deviceId, [varItem(rec, 'sync')]);
     return rec;
   }
 
@@ -155,19 +156,6 @@ export class FakeCloud {
   /** The versions applied for one variable (to check exactly-once). */
   versionsOf(deviceId: string, name: string): AppliedVersion[] {
     return this.applied.filter((a) => a.deviceId === deviceId && a.name === name);
-  }
-
-  private item(rec: CloudRecord, kind: 'push' | 'sync'): VarItem {
-    const item: VarItem = {
-      kind,
-      type: rec.type,
-      name: rec.name,
-      ...(rec.value === null ? { deleted: true as const } : encodeValue(rec.value)),
-      time: rec.time,
-      origin: rec.origin,
-    };
-    if (kind === 'sync') item.synced = rec.synced;
-    return item;
   }
 
   private sendVars(deviceId: string, items: VarItem[]): void {
@@ -232,15 +220,7 @@ export class FakeCloud {
             dev.vars.set(key, rec);
             this.record(id, rec);
           }
-          const ack: AckItem = {
-            kind: item.kind,
-            type: item.type,
-            name: item.name,
-            time: item.time,
-            origin: item.origin,
-          };
-          if (item.synced !== undefined) ack.synced = item.synced;
-          acks.push(ack);
+          acks.push(ackFor(item));
         }
         if (this.autoAck) {
           for (let i = 0; i < acks.length; i += 500) {
@@ -270,8 +250,8 @@ export class FakeCloud {
     const items: VarItem[] = [];
     for (const rec of this.device(deviceId).vars.values()) {
       if (rec.type !== 'd') continue;
-      if (rec.origin === 'cloud' && rec.acked < rec.time) items.push(this.item(rec, 'push'));
-      if (rec.syncacked < rec.synced) items.push(this.item(rec, 'sync'));
+      if (rec.origin === 'cloud' && rec.acked < rec.time) items.push(varItem(rec, 'push'));
+      if (rec.syncacked < rec.synced) items.push(varItem(rec, 'sync'));
     }
     if (items.length > 0) this.sendVars(deviceId, items);
   }
