@@ -1,17 +1,18 @@
 /**
- * `npm start`: the embedded MQTT broker and one local agent, so that a newcomer sees devcloud work at once.
- * State lives under ./var. Ports: 1883 for MQTT when free, else a free one; UDP 590 for authcodes when run as
- * root, else a free unprivileged port. It says which it picked.
+ * `npm start`: the bridge (REST API and embedded MQTT broker) and one local agent, so that a newcomer sees
+ * devcloud work at once. State lives under ./var. Ports: 8080 for HTTP and 1883 for MQTT when free, else free
+ * ones; UDP 590 for authcodes when run as root, else a free unprivileged port. It says which it picked.
  */
 import { createSocket } from 'node:dgram';
 import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import { Agent } from '../agent/agent.js';
 import { loadAgentConfig } from '../agent/config.js';
+import { startBridge } from '../bridge/cli.js';
+import { loadBridgeConfig } from '../bridge/config.js';
 import { ConfigError } from '../lib/config.js';
 import { writeFileAtomic } from '../lib/fsutil.js';
 import { createLogger } from '../lib/log.js';
-import { EmbeddedBroker, MemoryCredentials } from '../bridge/broker.js';
 
 async function tcpPortFree(port: number, host: string): Promise<boolean> {
   const srv = createServer();
@@ -36,13 +37,12 @@ const log = createLogger({ level: 'info', pretty: 'auto', base: { service: 'devc
 const agentLog = createLogger({ level: 'info', pretty: 'auto', base: { service: 'devcloud-agent' } });
 
 const mqttPort = (await tcpPortFree(1883, host)) ? 1883 : 0;
-const broker = await EmbeddedBroker.start({
-  host,
-  port: mqttPort,
-  openEnrolment: true,
-  credentials: new MemoryCredentials(),
+const httpPort = (await tcpPortFree(8080, host)) ? 8080 : 0;
+const bridge = await startBridge(
+  loadBridgeConfig({ dataDir: resolve(root, 'var/bridge'), host, 'http.port': httpPort, 'mqtt.port': mqttPort }, {}),
   log,
-});
+);
+const broker = bridge.broker!;
 
 const isRoot = process.getuid?.() === 0;
 let udpPort = 590;
@@ -52,12 +52,12 @@ let agent: Agent;
 try {
   const config = loadAgentConfig({
     flags: { stateDir, 'mqtt.url': broker.url, 'udp.port': udpPort, 'mqtt.backoffMaxMs': 5000 },
-    env: process.env,
+    env: {},
   });
   agent = await Agent.start({ config, log: agentLog, env: {} });
 } catch (err) {
   console.error(err instanceof ConfigError ? err.message : `cannot start the agent: ${String(err)}`);
-  await broker.close();
+  await bridge.close();
   process.exit(1);
 }
 
@@ -66,13 +66,21 @@ const credFile = resolve(root, 'var/mqtt-bridge.password');
 writeFileAtomic(credFile, broker.bridgePassword, 0o600);
 const rel = (p: string) => p.replace(`${root}/`, '');
 const heardPort = agent.nearby.port ?? udpPort;
+const url = bridge.url;
 console.log(`
 devcloud is running.
+  REST API               ${url}${httpPort === 0 ? '   (8080 was taken, so a free port was picked)' : ''}
+  default frontend       ${bridge.defaultFrontend.id}
   MQTT broker (embedded) ${broker.url}${mqttPort === 0 ? '   (1883 was taken, so a free port was picked)' : ''}
   agent                  device ${agent.identity.deviceId}, state in ${rel(stateDir)}
   authcodes              UDP ${heardPort}${udpPort !== 590 ? '   (590 needs root or CAP_NET_BIND_SERVICE, so an unprivileged port was picked)' : ''}
 
-Try, in another terminal:
+Try the REST API (the cookie jar keeps the session; confirmation mails land in var/bridge/outbox):
+  curl -c jar -b jar -X POST ${url}/0/session/signup -d login=you@example.com -d password=change-me-now
+  curl -c jar -b jar ${url}/0/user/
+  curl -c jar -b jar -X POST ${url}/0/user/ -d color=blue
+
+Try the agent, in another terminal:
   npm run agent -- var set temp 21.5 --socket ${rel(socket)}
   npm run agent -- var list --socket ${rel(socket)}
   npm run agent -- var watch --socket ${rel(socket)}
@@ -91,7 +99,7 @@ const stop = async () => {
   if (stopping) return;
   stopping = true;
   await agent.stop();
-  await broker.close();
+  await bridge.close();
   process.exit(0);
 };
 process.once('SIGINT', () => void stop());

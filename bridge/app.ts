@@ -1,0 +1,192 @@
+/**
+ * The bridge's HTTP application: body parsing, the frontend and the session of every request, the error
+ * catalog, and the routes of each resource. `buildApp` makes a complete app that tests drive with `inject()`
+ * or on a real port.
+ */
+import Fastify, { type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { isUtf8 } from 'node:buffer';
+import { readFileSync } from 'node:fs';
+import type { Logger } from '../lib/log.js';
+import type { PasswordHasher } from './accounts/password.js';
+import { RateLimiter } from './accounts/ratelimit.js';
+import { registerAccountRoutes } from './accounts/routes.js';
+import type { BridgeConfig } from './config.js';
+import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
+import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
+import type { Mailer } from './mail/mailer.js';
+import { readSession } from './sessions/cookie.js';
+import { registerSessionRoutes } from './sessions/routes.js';
+import type { BridgeStore, Frontend, Session, User } from './store/types.js';
+import { registerUserRoutes } from './users/routes.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    frontend: Frontend;
+    frontendSource: FrontendSource;
+    /** The valid session of this request in this frontend, if any. */
+    session: Session | undefined;
+    /** The logged-in user of the session, if any. */
+    user: User | undefined;
+  }
+  interface FastifyContextConfig {
+    /** The body token this route answers for missing or malformed input (decision 4). */
+    failToken?: ErrorCode;
+  }
+}
+
+export interface AppDeps {
+  config: BridgeConfig;
+  store: BridgeStore;
+  hasher: PasswordHasher;
+  mailer: Mailer;
+  log: Logger;
+  now?: () => number;
+}
+
+/** What every route module gets. */
+export interface RouteContext {
+  config: BridgeConfig;
+  store: BridgeStore;
+  hasher: PasswordHasher;
+  mailer: Mailer;
+  log: Logger;
+  now: () => number;
+  limits: {
+    loginByAddress: RateLimiter;
+    loginByLogin: RateLimiter;
+    signupByAddress: RateLimiter;
+    resendByAddress: RateLimiter;
+    resendByLogin: RateLimiter;
+    recoverByAddress: RateLimiter;
+    recoverByLogin: RateLimiter;
+  };
+}
+
+/** Form fields (and JSON objects) as a flat map; a repeated field keeps its last value. */
+export type Fields = Record<string, unknown>;
+
+export function fields(req: FastifyRequest): Fields {
+  const body = req.body;
+  return typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Fields) : {};
+}
+
+/** A string field, or `undefined` when it is absent or not a string. */
+export function field(req: FastifyRequest, name: string): string | undefined {
+  const v = fields(req)[name];
+  return typeof v === 'string' ? v : undefined;
+}
+
+export function send(reply: FastifyReply, status: number, token: string): FastifyReply {
+  return reply.code(status).type('text/plain; charset=utf-8').send(token);
+}
+
+export function buildApp(deps: AppDeps): FastifyInstance {
+  const { config, log } = deps;
+  const now = deps.now ?? Date.now;
+  const https =
+    config.http.certFile !== undefined && config.http.keyFile !== undefined
+      ? { key: readFileSync(config.http.keyFile), cert: readFileSync(config.http.certFile) }
+      : undefined;
+  const app = Fastify({
+    ...(https ? { https } : {}),
+    trustProxy: config.http.trustProxy,
+    bodyLimit: config.http.bodyLimit,
+    logger: false,
+    // The Host header names the frontend; `/0/user` and `/0/user/` are the same route.
+    ignoreTrailingSlash: true,
+    return503OnClosing: true,
+  }) as unknown as FastifyInstance;
+
+  const rl = config.rateLimits;
+  const ctx: RouteContext = {
+    ...deps,
+    now,
+    limits: {
+      loginByAddress: new RateLimiter({ limit: rl.login.limit * 5, windowMs: rl.login.windowMs, now }),
+      loginByLogin: new RateLimiter({ ...rl.login, now }),
+      signupByAddress: new RateLimiter({ ...rl.signup, now }),
+      resendByAddress: new RateLimiter({ limit: rl.resend.limit * 5, windowMs: rl.resend.windowMs, now }),
+      resendByLogin: new RateLimiter({ ...rl.resend, now }),
+      recoverByAddress: new RateLimiter({ limit: rl.recover.limit * 5, windowMs: rl.recover.windowMs, now }),
+      recoverByLogin: new RateLimiter({ ...rl.recover, now }),
+    },
+  };
+
+  // Decision 4 and the specification: bodies are form fields. JSON objects are accepted too.
+  app.addContentTypeParser(
+    'application/x-www-form-urlencoded',
+    { parseAs: 'buffer' },
+    (_req: FastifyRequest, body: Buffer, done: (err: Error | null, value?: unknown) => void) => {
+      const text = body.toString('utf8');
+      if (!isUtf8(body)) {
+        // A 400 like any other malformed input: the route answers its own failure token.
+        done(Object.assign(new Error('the body is not UTF-8'), { statusCode: 400 }));
+        return;
+      }
+      const out: Fields = Object.create(null) as Fields;
+      for (const [k, v] of new URLSearchParams(text)) out[k] = v;
+      done(null, out);
+    },
+  );
+  // A body of another type (or none) reads as no fields: the route then answers its own failure token.
+  app.addContentTypeParser(
+    '*',
+    { parseAs: 'buffer' },
+    (_req: FastifyRequest, _body: Buffer, done: (err: null, v: unknown) => void) => done(null, {}),
+  );
+
+  app.decorateRequest('frontend', null as unknown as Frontend);
+  app.decorateRequest('frontendSource', 'default' as FrontendSource);
+  app.decorateRequest('session', undefined);
+  app.decorateRequest('user', undefined);
+
+  app.addHook('preHandler', (req, _reply, done) => {
+    const resolved = resolveFrontend(req, deps.store, config.frontends.allowDefault);
+    if (!resolved) {
+      done(new ApiError('not-found'));
+      return;
+    }
+    req.frontend = resolved.frontend;
+    req.frontendSource = resolved.source;
+    const session = readSession(req, deps.store, config, now());
+    if (session && session.frontendId === req.frontend.id) {
+      req.session = session;
+      if (session.userId !== null) req.user = deps.store.userById(session.userId);
+      // Sliding idle timeout (decision 2), written at most once a minute per session and without fsync: losing
+      // a touch only makes a session look a minute older.
+      if (now() - session.lastSeenAt > 60_000) {
+        void deps.store
+          .write(() => deps.store.touchSession(session.idHash, now()), { durable: false })
+          .catch(() => undefined);
+      }
+    }
+    done();
+  });
+
+  app.setErrorHandler((err: FastifyError | ApiError, req, reply) => {
+    if (isApiError(err)) {
+      const e = ERRORS[err.code];
+      if (err.retryAfterMs !== undefined) reply.header('retry-after', Math.max(1, Math.ceil(err.retryAfterMs / 1000)));
+      if (e.status >= 500) log.error({ event: 'http.failed', route: req.routeOptions.url, code: err.code });
+      return send(reply, e.status, e.body);
+    }
+    const status = err.statusCode ?? 500;
+    if (status < 500) {
+      // Fastify refused the input (bad JSON, wrong content, too large): the route's own failure token.
+      const token = req.routeOptions.config?.failToken;
+      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE' && token === 'user-data-fail')
+        return send(reply, 413, ERRORS['user-data-failed'].body);
+      if (token) return send(reply, ERRORS[token].status, ERRORS[token].body);
+      return send(reply, 400, 'bad-request');
+    }
+    log.error({ event: 'http.failed', route: req.routeOptions.url, err: err.message, stack: err.stack });
+    return send(reply, 500, ERRORS.internal.body);
+  });
+
+  app.setNotFoundHandler((_req, reply) => send(reply, 404, ERRORS['not-found'].body));
+
+  registerSessionRoutes(app, ctx);
+  registerAccountRoutes(app, ctx);
+  registerUserRoutes(app, ctx);
+  return app;
+}

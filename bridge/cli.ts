@@ -1,0 +1,288 @@
+/**
+ * `devcloud-bridge`: runs the cloud side, and manages frontends.
+ *
+ * Exit codes: 0 success; 1 the operation failed; 2 usage or configuration error.
+ */
+import { randomUUID } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
+import { createLogger } from '../lib/log.js';
+import { VERSION } from '../lib/version.js';
+import { PasswordHasher } from './accounts/password.js';
+import { buildApp } from './app.js';
+import { EmbeddedBroker, MemoryCredentials } from './broker.js';
+import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
+import { createMailer } from './mail/mailer.js';
+import { SqliteStore } from './store/sqlite.js';
+import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
+
+const USAGE = `devcloud-bridge ${VERSION}: the devcloud cloud side
+
+Usage:
+  devcloud-bridge [run] [options]                     serve the REST API and the MQTT side
+  devcloud-bridge frontend create [--name NAME] [KEY=VALUE ...]
+  devcloud-bridge frontend list [--json]
+  devcloud-bridge frontend set ID [name=NAME] [default=true] [KEY=VALUE ...]
+      KEY: nearby, registration, confirmationEmail, claimRequiresProximity (true or false)
+
+Options:
+${formatOptions(BRIDGE_OPTIONS)}
+
+Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
+`;
+
+interface Io {
+  out: (s: string) => void;
+  err: (s: string) => void;
+}
+const stdio: Io = { out: (s) => process.stdout.write(`${s}\n`), err: (s) => process.stderr.write(`${s}\n`) };
+
+/** Makes the default frontend at first start (decision 15), so that a new bridge answers at once. */
+export function ensureDefaultFrontend(store: BridgeStore, now: number): Frontend {
+  const existing = store.defaultFrontend();
+  if (existing) return existing;
+  const f: Frontend = {
+    id: randomUUID(),
+    name: 'default',
+    config: ProductConfig.parse({}),
+    isDefault: true,
+    createdAt: now,
+  };
+  store.createFrontend(f);
+  return f;
+}
+
+function parseSettings(pairs: string[], io: Io): { settings: Record<string, boolean>; name?: string } | undefined {
+  const settings: Record<string, boolean> = {};
+  let name: string | undefined;
+  for (const p of pairs) {
+    const eq = p.indexOf('=');
+    const key = eq > 0 ? p.slice(0, eq) : '';
+    const value = p.slice(eq + 1);
+    if (key === 'name') {
+      name = value;
+      continue;
+    }
+    if (!(key in ProductConfig.shape) || !/^(true|false)$/.test(value)) {
+      io.err(
+        `devcloud-bridge: ${p}: expected KEY=true|false with KEY one of ${Object.keys(ProductConfig.shape).join(', ')}`,
+      );
+      return undefined;
+    }
+    settings[key] = value === 'true';
+  }
+  return name === undefined ? { settings } : { settings, name };
+}
+
+function frontendCommand(
+  config: BridgeConfig,
+  params: string[],
+  json: boolean,
+  name: string | undefined,
+  io: Io,
+): number {
+  const [sub, ...rest] = params;
+  const store = new SqliteStore(config.dataDir);
+  try {
+    const now = Date.now();
+    switch (sub) {
+      case 'list': {
+        ensureDefaultFrontend(store, now);
+        const all = store.frontends();
+        if (json) io.out(JSON.stringify(all));
+        else
+          for (const f of all)
+            io.out(`${f.id}  ${f.isDefault ? '(default) ' : ''}${f.name}  ${JSON.stringify(f.config)}`);
+        return 0;
+      }
+      case 'create': {
+        const parsed = parseSettings(rest, io);
+        if (!parsed) return 2;
+        const f: Frontend = {
+          id: randomUUID(),
+          name: name ?? parsed.name ?? 'frontend',
+          config: ProductConfig.parse(parsed.settings),
+          isDefault: false,
+          createdAt: now,
+        };
+        store.createFrontend(f);
+        io.out(json ? JSON.stringify(f) : f.id);
+        return 0;
+      }
+      case 'set': {
+        const [id, ...pairs] = rest;
+        const f = id ? store.frontend(id) : undefined;
+        if (!f) {
+          io.err(`devcloud-bridge: no frontend ${id ?? '(missing id)'}`);
+          return 1;
+        }
+        const makeDefault = pairs.includes('default=true');
+        const parsed = parseSettings(
+          pairs.filter((p) => p !== 'default=true'),
+          io,
+        );
+        if (!parsed) return 2;
+        store.setFrontendConfig(f.id, ProductConfig.parse({ ...f.config, ...parsed.settings }), parsed.name ?? name);
+        if (makeDefault) store.setDefaultFrontend(f.id);
+        const updated = store.frontend(f.id)!;
+        io.out(json ? JSON.stringify(updated) : `${updated.id}  ${updated.name}  ${JSON.stringify(updated.config)}`);
+        return 0;
+      }
+      default:
+        io.err('devcloud-bridge: frontend needs one of create, list, set');
+        return 2;
+    }
+  } finally {
+    store.close();
+  }
+}
+
+export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  const rest: string[] = [];
+  let json = false;
+  let name: string | undefined;
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--json') json = true;
+    else if (argv[i] === '--name') name = argv[++i];
+    else rest.push(argv[i]!);
+  }
+  const args = parseArgs(rest, BRIDGE_OPTIONS);
+  if (args.help || args.positionals[0] === 'help') {
+    io.out(USAGE);
+    return 0;
+  }
+  // KEY=VALUE pairs belong to the frontend commands, not to the option parser.
+  const [command = 'run', ...params] = args.positionals;
+  let config: BridgeConfig | undefined;
+  const problems = [...args.problems];
+  try {
+    config = loadBridgeConfig(args.flags, env);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    problems.push(...err.problems);
+  }
+  if (problems.length > 0 || !config) {
+    io.err(`devcloud-bridge: ${new ConfigError(problems).message}`);
+    io.err('Run devcloud-bridge --help for the options.');
+    return 2;
+  }
+  switch (command) {
+    case 'run':
+      if (params.length > 0) {
+        io.err(`devcloud-bridge: unexpected argument ${params[0]}`);
+        return 2;
+      }
+      return runBridge(config, io);
+    case 'frontend':
+      return frontendCommand(config, params, json, name, io);
+    default:
+      io.err(`devcloud-bridge: unknown command ${command}; run devcloud-bridge --help`);
+      return 2;
+  }
+}
+
+export interface RunningBridge {
+  app: FastifyInstance;
+  broker: EmbeddedBroker | undefined;
+  store: SqliteStore;
+  url: string;
+  defaultFrontend: Frontend;
+  close(): Promise<void>;
+}
+
+/** Starts the HTTP(S) server and, without an external broker, the embedded one. */
+export async function startBridge(
+  config: BridgeConfig,
+  log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } }),
+): Promise<RunningBridge> {
+  const store = new SqliteStore(config.dataDir);
+  const defaultFrontend = ensureDefaultFrontend(store, Date.now());
+  const a = config.accounts;
+  const hasher = new PasswordHasher({
+    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
+    maxConcurrent: a.hashConcurrency,
+    maxQueued: a.hashQueue,
+  });
+  const mailer = createMailer({ from: config.mail.from, outboxDir: outboxDir(config), smtp: config.mail.smtp }, log);
+  const app = buildApp({ config, store, hasher, mailer, log });
+  let broker: EmbeddedBroker | undefined;
+  try {
+    await app.listen({ host: config.host, port: config.http.port });
+  } catch (err) {
+    store.close();
+    throw portError(err, config.http.port, '--http-port');
+  }
+  if (config.mqtt.url === undefined) {
+    try {
+      broker = await EmbeddedBroker.start({
+        host: config.host,
+        port: config.mqtt.port,
+        openEnrolment: config.mqtt.openEnrolment,
+        credentials: new MemoryCredentials(),
+        log,
+      });
+    } catch (err) {
+      await app.close();
+      store.close();
+      throw portError(err, config.mqtt.port, '--mqtt-port');
+    }
+  }
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : config.http.port;
+  const scheme = config.http.certFile ? 'https' : 'http';
+  const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+  return {
+    app,
+    broker,
+    store,
+    url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    defaultFrontend,
+    close: async () => {
+      await app.close();
+      await broker?.close();
+      await mailer.close();
+      store.close();
+    },
+  };
+}
+
+class PortError extends Error {}
+
+function portError(err: unknown, port: number, flag: string): Error {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === 'EADDRINUSE') return new PortError(`port ${port} is already in use; choose another with ${flag} N`);
+  if (code === 'EACCES') return new PortError(`port ${port} needs privileges; choose another with ${flag} N`);
+  return err instanceof Error ? err : new Error(String(err));
+}
+
+async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
+  const log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } });
+  let bridge: RunningBridge;
+  try {
+    bridge = await startBridge(config, log);
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    io.err(`devcloud-bridge: ${msg}`);
+    log.fatal({ event: 'bridge.start_failed', err: msg });
+    return 1;
+  }
+  log.info({
+    event: 'bridge.started',
+    version: VERSION,
+    url: bridge.url,
+    mqtt: bridge.broker?.url ?? config.mqtt.url,
+    defaultFrontend: bridge.defaultFrontend.id,
+  });
+  return new Promise<number>((resolve) => {
+    const stop = (signal: string) => {
+      log.info({ event: 'bridge.stopping', signal });
+      setTimeout(() => process.exit(1), 5000).unref();
+      bridge.close().then(
+        () => resolve(0),
+        () => resolve(1),
+      );
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+}

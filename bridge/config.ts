@@ -1,0 +1,270 @@
+/**
+ * The bridge's configuration: one schema with defaults, filled from a file, then `DEVCLOUD_*` environment
+ * variables, then flags (lib/config.ts), all problems reported at once.
+ */
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { type OptionSpec, loadConfig } from '../lib/config.js';
+import { LOG_LEVELS } from '../lib/log.js';
+
+const limit = (limitDefault: number, windowMsDefault: number) =>
+  z
+    .object({
+      /** Attempts allowed per window. */
+      limit: z.number().int().min(1).max(1_000_000).default(limitDefault),
+      windowMs: z.number().int().min(1000).max(86_400_000).default(windowMsDefault),
+    })
+    .strict()
+    .prefault({});
+
+export const BridgeConfigSchema = z
+  .object({
+    /** Database and outbox. */
+    dataDir: z.string().min(1),
+    /** Address the HTTP and MQTT listeners bind. */
+    host: z.string().min(1).default('127.0.0.1'),
+    http: z
+      .object({
+        port: z.number().int().min(0).max(65535).default(8080),
+        /** PEM files: both set means HTTPS. */
+        certFile: z.string().min(1).optional(),
+        keyFile: z.string().min(1).optional(),
+        /** Behind a reverse proxy: trust its X-Forwarded-* headers (true, or a list of proxy addresses). */
+        trustProxy: z.union([z.boolean(), z.array(z.string().min(1))]).default(false),
+        /** The public base URL used in e-mailed links, e.g. https://devcloud.example.com. */
+        publicUrl: z.string().url().optional(),
+        /** Largest request body, bytes. */
+        bodyLimit: z
+          .number()
+          .int()
+          .min(1024)
+          .max(16 * 1024 * 1024)
+          .default(256 * 1024),
+      })
+      .strict()
+      .prefault({}),
+    mqtt: z
+      .object({
+        /** An external broker; without it the bridge runs its embedded broker. */
+        url: z.string().min(1).optional(),
+        /** Port of the embedded broker. */
+        port: z.number().int().min(0).max(65535).default(1883),
+        /** Embedded broker: enrol unknown devices on first connect (trust on first use). */
+        openEnrolment: z.boolean().default(true),
+      })
+      .strict()
+      .prefault({}),
+    frontends: z
+      .object({
+        /** Decision 15: requests that name no frontend go to the default one; production may switch it off. */
+        allowDefault: z.boolean().default(true),
+      })
+      .strict()
+      .prefault({}),
+    sessions: z
+      .object({
+        /** Decision 2: sliding idle timeout and absolute lifetime, days. */
+        idleDays: z.number().min(0.001).max(3650).default(30),
+        absoluteDays: z.number().min(0.001).max(36500).default(365),
+      })
+      .strict()
+      .prefault({}),
+    accounts: z
+      .object({
+        /** scrypt cost: N = 2^logN (DESIGN section 9: 17). Lower only for tests. */
+        scryptLogN: z.number().int().min(10).max(22).default(17),
+        scryptR: z.number().int().min(1).max(32).default(8),
+        scryptP: z.number().int().min(1).max(16).default(1),
+        /** Hashes computed at once; the rest wait in a bounded queue. */
+        hashConcurrency: z.number().int().min(1).max(64).default(1),
+        hashQueue: z.number().int().min(1).max(100_000).default(256),
+        /** Decision 6: confirmation links live 7 days; recovery links one hour. */
+        confirmTokenHours: z.number().min(0.01).max(8760).default(168),
+        recoverTokenHours: z.number().min(0.01).max(8760).default(1),
+        /** Decision 12. */
+        passwordMin: z.number().int().min(1).max(1024).default(8),
+        passwordMax: z.number().int().min(8).max(4096).default(1024),
+        loginMax: z.number().int().min(6).max(254).default(254),
+        userDataBytes: z
+          .number()
+          .int()
+          .min(2)
+          .max(16 * 1024 * 1024)
+          .default(64 * 1024),
+      })
+      .strict()
+      .prefault({}),
+    rateLimits: z
+      .object({
+        login: limit(10, 60_000),
+        signup: limit(20, 3_600_000),
+        resend: limit(5, 3_600_000),
+        recover: limit(5, 3_600_000),
+      })
+      .strict()
+      .prefault({}),
+    mail: z
+      .object({
+        from: z.string().min(3).default('devcloud <noreply@localhost>'),
+        /** Without smtp, mails are written here (default `<dataDir>/outbox`) and their links logged. */
+        outboxDir: z.string().min(1).optional(),
+        smtp: z
+          .object({
+            host: z.string().min(1),
+            port: z.number().int().min(1).max(65535).default(587),
+            secure: z.boolean().default(false),
+            user: z.string().min(1).optional(),
+            pass: z.string().min(1).optional(),
+            rejectUnauthorized: z.boolean().default(true),
+            timeoutMs: z.number().int().min(100).max(600_000).default(10_000),
+          })
+          .strict()
+          .optional(),
+      })
+      .strict()
+      .prefault({}),
+    log: z
+      .object({
+        level: z.enum(LOG_LEVELS).default('info'),
+        pretty: z.enum(['auto', 'always', 'never']).default('auto'),
+      })
+      .strict()
+      .prefault({}),
+  })
+  .strict();
+
+export type BridgeConfig = z.infer<typeof BridgeConfigSchema>;
+
+export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
+  {
+    key: 'configFile',
+    flag: '--config',
+    env: 'DEVCLOUD_BRIDGE_CONFIG',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'config file (YAML or JSON)',
+  },
+  {
+    key: 'dataDir',
+    flag: '--data-dir',
+    env: 'DEVCLOUD_DATA_DIR',
+    kind: 'string',
+    arg: 'DIR',
+    help: 'database and mail outbox',
+  },
+  {
+    key: 'host',
+    flag: '--host',
+    env: 'DEVCLOUD_HOST',
+    kind: 'string',
+    arg: 'ADDR',
+    help: 'address to listen on (default 127.0.0.1)',
+  },
+  {
+    key: 'http.port',
+    flag: '--http-port',
+    env: 'DEVCLOUD_HTTP_PORT',
+    kind: 'int',
+    arg: 'N',
+    help: 'HTTP(S) port (default 8080)',
+  },
+  {
+    key: 'http.certFile',
+    flag: '--tls-cert',
+    env: 'DEVCLOUD_TLS_CERT',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'TLS certificate (PEM); with --tls-key, HTTPS',
+  },
+  {
+    key: 'http.keyFile',
+    flag: '--tls-key',
+    env: 'DEVCLOUD_TLS_KEY',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'TLS private key (PEM)',
+  },
+  {
+    key: 'http.trustProxy',
+    flag: '--trust-proxy',
+    env: 'DEVCLOUD_TRUST_PROXY',
+    kind: 'bool',
+    arg: 'BOOL',
+    help: 'trust X-Forwarded-* from a reverse proxy',
+  },
+  {
+    key: 'http.publicUrl',
+    flag: '--public-url',
+    env: 'DEVCLOUD_PUBLIC_URL',
+    kind: 'string',
+    arg: 'URL',
+    help: 'base URL used in e-mailed links',
+  },
+  {
+    key: 'mqtt.url',
+    flag: '--mqtt-url',
+    env: 'DEVCLOUD_MQTT_URL',
+    kind: 'string',
+    arg: 'URL',
+    help: 'external MQTT broker (default: the embedded one)',
+  },
+  {
+    key: 'mqtt.port',
+    flag: '--mqtt-port',
+    env: 'DEVCLOUD_MQTT_PORT',
+    kind: 'int',
+    arg: 'N',
+    help: 'port of the embedded MQTT broker (default 1883)',
+  },
+  {
+    key: 'mqtt.openEnrolment',
+    flag: '--open-enrolment',
+    env: 'DEVCLOUD_OPEN_ENROLMENT',
+    kind: 'bool',
+    arg: 'BOOL',
+    help: 'enrol unknown devices on first connect',
+  },
+  {
+    key: 'log.level',
+    flag: '--log-level',
+    env: 'DEVCLOUD_LOG_LEVEL',
+    kind: 'string',
+    arg: 'LEVEL',
+    help: 'fatal, error, warn, info, debug, trace or silent',
+  },
+  {
+    key: 'log.pretty',
+    flag: '--log-pretty',
+    env: 'DEVCLOUD_LOG_PRETTY',
+    kind: 'string',
+    arg: 'WHEN',
+    help: 'auto, always or never',
+  },
+];
+
+export function defaultDataDir(env: NodeJS.ProcessEnv): string {
+  return env.STATE_DIRECTORY?.split(':')[0] ?? '/var/lib/devcloud-bridge';
+}
+
+/** The installed config file, read when no other is named and it exists. */
+export function defaultBridgeConfigFile(env: NodeJS.ProcessEnv): string | undefined {
+  const path = join(env.CONFIGURATION_DIRECTORY?.split(':')[0] ?? '/etc/devcloud', 'bridge.yaml');
+  return existsSync(path) ? path : undefined;
+}
+
+export function loadBridgeConfig(flags: Record<string, unknown>, env: NodeJS.ProcessEnv): BridgeConfig {
+  const { configFile, ...rest } = flags;
+  const file = typeof configFile === 'string' ? configFile : env.DEVCLOUD_BRIDGE_CONFIG || defaultBridgeConfigFile(env);
+  return loadConfig(BridgeConfigSchema, {
+    options: BRIDGE_OPTIONS.filter((o) => o.key !== 'configFile'),
+    defaults: { dataDir: defaultDataDir(env) },
+    file,
+    env,
+    flags: rest,
+  });
+}
+
+export function outboxDir(config: BridgeConfig): string {
+  return config.mail.outboxDir ?? join(config.dataDir, 'outbox');
+}

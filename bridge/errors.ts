@@ -1,0 +1,44 @@
+/**
+ * The bridge's error catalog (STYLE principle 5): every failure a route can answer is one code here, mapped
+ * once to its HTTP status and its plain-text body token (the specification's Errors table and DESIGN
+ * section 2). Routes throw or return codes; nothing is classified by message text.
+ */
+export const ERRORS = {
+  'login-fail': { status: 403, body: 'login-fail' },
+  'logout-fail': { status: 400, body: 'logout-fail' },
+  'signup-fail-no-email': { status: 400, body: 'signup-fail-no-email' },
+  'signup-fail-already-exists': { status: 400, body: 'signup-fail-already-exists' },
+  /** Decision 4: a signup whose other fields are missing or malformed (a password out of bounds). */
+  'signup-fail': { status: 400, body: 'signup-fail' },
+  'resend-fail': { status: 400, body: 'resend-fail' },
+  'recover-fail': { status: 400, body: 'recover-fail' },
+  'confirm-fail': { status: 400, body: 'confirm-fail' },
+  /** The specification's 404 for `GET /0/user/` with no user session, and an unknown frontend (decision 15). */
+  'not-found': { status: 404, body: 'not found' },
+  'user-data-failed': { status: 413, body: 'user-data-failed' },
+  /** Decision 4: a `POST /0/user/` that is not a set of string fields. */
+  'user-data-fail': { status: 400, body: 'user-data-fail' },
+  /** Decision 3: an endpoint that needs a session, called without a valid one. */
+  'no-session': { status: 401, body: 'no-session' },
+  'too-many-requests': { status: 429, body: 'too-many-requests' },
+  /** The password hashing queue is full: try again shortly. */
+  busy: { status: 503, body: 'busy' },
+  internal: { status: 500, body: 'internal-error' },
+} as const satisfies Record<string, { status: number; body: string }>;
+
+export type ErrorCode = keyof typeof ERRORS;
+
+/** A failure with a code from the catalog; `retryAfterMs` becomes a `Retry-After` header. */
+export class ApiError extends Error {
+  override name = 'ApiError';
+  constructor(
+    readonly code: ErrorCode,
+    readonly retryAfterMs?: number,
+  ) {
+    super(code);
+  }
+}
+
+export function isApiError(err: unknown): err is ApiError {
+  return err instanceof ApiError;
+}

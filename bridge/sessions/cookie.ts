@@ -1,0 +1,86 @@
+/**
+ * The session cookie (decisions 1 to 3): `sid`, 256 random bits from a CSPRNG, stored only as its sha256;
+ * `HttpOnly; SameSite=Lax; Path=/`, and `Secure` when the request came over TLS (directly or through a trusted
+ * proxy). Sessions expire after an idle time (sliding) and an absolute lifetime.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { BridgeConfig } from '../config.js';
+import type { BridgeStore, Session } from '../store/types.js';
+
+export const COOKIE_NAME = 'sid';
+const DAY_MS = 86_400_000;
+/** 32 bytes in base64url. */
+const SID_RE = /^[A-Za-z0-9_-]{43}$/;
+
+export function hashSecretValue(value: string): string {
+  return createHash('sha256').update(value).digest('hex');
+}
+
+/** The `sid` value of the request's Cookie header, if it has the right shape. */
+export function cookieValue(req: FastifyRequest): string | undefined {
+  const header = req.headers.cookie;
+  if (typeof header !== 'string') return undefined;
+  for (const part of header.split(';')) {
+    const eq = part.indexOf('=');
+    if (eq < 0) continue;
+    if (part.slice(0, eq).trim() !== COOKIE_NAME) continue;
+    const v = part.slice(eq + 1).trim();
+    return SID_RE.test(v) ? v : undefined;
+  }
+  return undefined;
+}
+
+/** The request's session, if its cookie names one that has not expired. */
+export function readSession(
+  req: FastifyRequest,
+  store: BridgeStore,
+  config: BridgeConfig,
+  now: number,
+): Session | undefined {
+  const value = cookieValue(req);
+  if (value === undefined) return undefined;
+  const s = store.session(hashSecretValue(value));
+  if (!s) return undefined;
+  if (now - s.lastSeenAt > config.sessions.idleDays * DAY_MS) return undefined;
+  if (now - s.createdAt > config.sessions.absoluteDays * DAY_MS) return undefined;
+  return s;
+}
+
+/** A fresh session id: the cookie value and the hash that is stored. */
+export function newSessionId(): { value: string; hash: string } {
+  const value = randomBytes(32).toString('base64url');
+  return { value, hash: hashSecretValue(value) };
+}
+
+export function setSessionCookie(req: FastifyRequest, reply: FastifyReply, value: string, config: BridgeConfig): void {
+  const maxAge = Math.floor(config.sessions.absoluteDays * 86_400);
+  const secure = req.protocol === 'https' ? '; Secure' : '';
+  reply.header('set-cookie', `${COOKIE_NAME}=${value}; Max-Age=${maxAge}; Path=/; HttpOnly; SameSite=Lax${secure}`);
+}
+
+export function clearSessionCookie(req: FastifyRequest, reply: FastifyReply): void {
+  const secure = req.protocol === 'https' ? '; Secure' : '';
+  reply.header('set-cookie', `${COOKIE_NAME}=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax${secure}`);
+}
+
+/**
+ * Starts a new session (for a user, or anonymous) in the request's frontend, replacing the request's old one
+ * (decision 1: a new id on login, signup and logout), and sets its cookie. Durable before the reply.
+ */
+export async function startSession(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  store: BridgeStore,
+  config: BridgeConfig,
+  userId: number | null,
+  now: number,
+): Promise<void> {
+  const id = newSessionId();
+  const old = req.session;
+  await store.write(() => {
+    if (old) store.deleteSession(old.idHash);
+    store.createSession({ idHash: id.hash, frontendId: req.frontend.id, userId, createdAt: now, lastSeenAt: now });
+  });
+  setSessionCookie(req, reply, id.value, config);
+}

@@ -1,0 +1,287 @@
+/** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
+import { join } from 'node:path';
+import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
+import {
+  type BridgeStore,
+  type Frontend,
+  type NewUser,
+  ProductConfig,
+  type Session,
+  type Token,
+  type TokenKind,
+  type User,
+  type UserPatch,
+} from './types.js';
+
+export const BRIDGE_MIGRATIONS: readonly Migration[] = [
+  (db) => {
+    db.exec(`
+      CREATE TABLE frontends (
+        id         TEXT PRIMARY KEY,
+        name       TEXT NOT NULL,
+        config     TEXT NOT NULL,
+        is_default INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL
+      );
+      CREATE TABLE users (
+        id                  INTEGER PRIMARY KEY,
+        frontend_id         TEXT NOT NULL REFERENCES frontends (id),
+        login               TEXT NOT NULL,
+        password_hash       TEXT NOT NULL,
+        confirmed           INTEGER NOT NULL DEFAULT 0,
+        data                TEXT NOT NULL DEFAULT '{}',
+        authcode            TEXT NOT NULL UNIQUE,
+        authcode_prev       TEXT,
+        authcode_rotated_at INTEGER NOT NULL,
+        created_at          INTEGER NOT NULL,
+        UNIQUE (frontend_id, login)
+      );
+      CREATE INDEX users_authcode_prev ON users (authcode_prev) WHERE authcode_prev IS NOT NULL;
+      CREATE TABLE sessions (
+        id_hash      TEXT PRIMARY KEY,
+        frontend_id  TEXT NOT NULL,
+        user_id      INTEGER REFERENCES users (id) ON DELETE CASCADE,
+        created_at   INTEGER NOT NULL,
+        last_seen_at INTEGER NOT NULL
+      ) WITHOUT ROWID;
+      CREATE INDEX sessions_user ON sessions (user_id) WHERE user_id IS NOT NULL;
+      CREATE INDEX sessions_last_seen ON sessions (last_seen_at);
+      CREATE TABLE tokens (
+        hash       TEXT PRIMARY KEY,
+        kind       TEXT NOT NULL CHECK (kind IN ('confirm', 'recover')),
+        user_id    INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+        expires_at INTEGER NOT NULL
+      ) WITHOUT ROWID;
+      CREATE INDEX tokens_user ON tokens (user_id, kind);
+    `);
+  },
+];
+
+interface FrontendRow {
+  id: string;
+  name: string;
+  config: string;
+  is_default: number;
+  created_at: number;
+}
+
+interface UserRow {
+  id: number;
+  frontend_id: string;
+  login: string;
+  password_hash: string;
+  confirmed: number;
+  data: string;
+  authcode: string;
+  authcode_prev: string | null;
+  authcode_rotated_at: number;
+  created_at: number;
+}
+
+interface SessionRow {
+  id_hash: string;
+  frontend_id: string;
+  user_id: number | null;
+  created_at: number;
+  last_seen_at: number;
+}
+
+const toFrontend = (r: FrontendRow): Frontend => ({
+  id: r.id,
+  name: r.name,
+  // Parsed with defaults, so that a key added later has its default for old rows.
+  config: ProductConfig.parse(JSON.parse(r.config)),
+  isDefault: r.is_default === 1,
+  createdAt: r.created_at,
+});
+
+const toUser = (r: UserRow): User => ({
+  id: r.id,
+  frontendId: r.frontend_id,
+  login: r.login,
+  passwordHash: r.password_hash,
+  confirmed: r.confirmed === 1,
+  data: r.data,
+  authcode: r.authcode,
+  authcodePrev: r.authcode_prev,
+  authcodeRotatedAt: r.authcode_rotated_at,
+  createdAt: r.created_at,
+});
+
+const toSession = (r: SessionRow): Session => ({
+  idHash: r.id_hash,
+  frontendId: r.frontend_id,
+  userId: r.user_id,
+  createdAt: r.created_at,
+  lastSeenAt: r.last_seen_at,
+});
+
+export class SqliteStore implements BridgeStore {
+  private readonly db: Db;
+  private readonly commit: GroupCommitter;
+  private readonly s;
+
+  constructor(dataDir: string) {
+    this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
+    this.commit = new GroupCommitter(this.db);
+    const db = this.db;
+    this.s = {
+      insFrontend: db.prepare(
+        'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',
+      ),
+      frontend: db.prepare<[string], FrontendRow>('SELECT * FROM frontends WHERE id = ?'),
+      defaultFrontend: db.prepare<[], FrontendRow>('SELECT * FROM frontends WHERE is_default = 1 LIMIT 1'),
+      frontends: db.prepare<[], FrontendRow>('SELECT * FROM frontends ORDER BY created_at, id'),
+      setFrontend: db.prepare('UPDATE frontends SET config = ?, name = coalesce(?, name) WHERE id = ?'),
+      insUser: db.prepare<[Record<string, unknown>], UserRow>(`
+        INSERT INTO users (frontend_id, login, password_hash, authcode, authcode_rotated_at, created_at)
+        VALUES (@frontendId, @login, @passwordHash, @authcode, @now, @now)
+        ON CONFLICT (frontend_id, login) DO NOTHING
+        RETURNING *`),
+      userByLogin: db.prepare<[string, string], UserRow>('SELECT * FROM users WHERE frontend_id = ? AND login = ?'),
+      userById: db.prepare<[number], UserRow>('SELECT * FROM users WHERE id = ?'),
+      userByAuthcode: db.prepare<[string], UserRow>('SELECT * FROM users WHERE authcode = ?'),
+      userByPrevAuthcode: db.prepare<[string], UserRow>('SELECT * FROM users WHERE authcode_prev = ?'),
+      insSession: db.prepare(
+        'INSERT INTO sessions (id_hash, frontend_id, user_id, created_at, last_seen_at) VALUES (@idHash, @frontendId, @userId, @createdAt, @lastSeenAt)',
+      ),
+      session: db.prepare<[string], SessionRow>('SELECT * FROM sessions WHERE id_hash = ?'),
+      touchSession: db.prepare('UPDATE sessions SET last_seen_at = ? WHERE id_hash = ?'),
+      delSession: db.prepare('DELETE FROM sessions WHERE id_hash = ?'),
+      delUserSessions: db.prepare('DELETE FROM sessions WHERE user_id = ?'),
+      pruneSessions: db.prepare('DELETE FROM sessions WHERE last_seen_at < ? OR created_at < ?'),
+      insToken: db.prepare(
+        'INSERT INTO tokens (hash, kind, user_id, expires_at) VALUES (@hash, @kind, @userId, @expiresAt)',
+      ),
+      takeToken: db.prepare<
+        [string, string, number],
+        { hash: string; kind: TokenKind; user_id: number; expires_at: number }
+      >('DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? RETURNING *'),
+      delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
+    };
+  }
+
+  write<T>(work: () => T, options?: { durable?: boolean }): Promise<T> {
+    return this.commit.run(work, options);
+  }
+
+  createFrontend(f: Frontend): void {
+    this.s.insFrontend.run({
+      id: f.id,
+      name: f.name,
+      config: JSON.stringify(f.config),
+      isDefault: f.isDefault ? 1 : 0,
+      createdAt: f.createdAt,
+    });
+  }
+
+  setDefaultFrontend(id: string): boolean {
+    return this.db.transaction(() => {
+      if (!this.s.frontend.get(id)) return false;
+      this.db.prepare('UPDATE frontends SET is_default = (id = ?)').run(id);
+      return true;
+    })();
+  }
+
+  frontend(id: string): Frontend | undefined {
+    const r = this.s.frontend.get(id);
+    return r && toFrontend(r);
+  }
+
+  defaultFrontend(): Frontend | undefined {
+    const r = this.s.defaultFrontend.get();
+    return r && toFrontend(r);
+  }
+
+  frontends(): Frontend[] {
+    return this.s.frontends.all().map(toFrontend);
+  }
+
+  setFrontendConfig(id: string, config: ProductConfig, name?: string): boolean {
+    return this.s.setFrontend.run(JSON.stringify(config), name ?? null, id).changes > 0;
+  }
+
+  createUser(u: NewUser): User | undefined {
+    const r = this.s.insUser.get({ ...u });
+    return r && toUser(r);
+  }
+
+  userByLogin(frontendId: string, login: string): User | undefined {
+    const r = this.s.userByLogin.get(frontendId, login);
+    return r && toUser(r);
+  }
+
+  userById(id: number): User | undefined {
+    const r = this.s.userById.get(id);
+    return r && toUser(r);
+  }
+
+  userByAuthcode(authcode: string): User | undefined {
+    const r = this.s.userByAuthcode.get(authcode) ?? this.s.userByPrevAuthcode.get(authcode);
+    return r && toUser(r);
+  }
+
+  updateUser(id: number, patch: UserPatch): void {
+    const cols: string[] = [];
+    const values: unknown[] = [];
+    const map: Record<keyof UserPatch, string> = {
+      passwordHash: 'password_hash',
+      confirmed: 'confirmed',
+      data: 'data',
+      authcode: 'authcode',
+      authcodePrev: 'authcode_prev',
+      authcodeRotatedAt: 'authcode_rotated_at',
+    };
+    for (const [k, col] of Object.entries(map) as Array<[keyof UserPatch, string]>) {
+      if (patch[k] === undefined) continue;
+      cols.push(`${col} = ?`);
+      const v = patch[k];
+      values.push(typeof v === 'boolean' ? (v ? 1 : 0) : v);
+    }
+    if (cols.length === 0) return;
+    this.db.prepare(`UPDATE users SET ${cols.join(', ')} WHERE id = ?`).run(...values, id);
+  }
+
+  createSession(s: Session): void {
+    this.s.insSession.run({ ...s });
+  }
+
+  session(idHash: string): Session | undefined {
+    const r = this.s.session.get(idHash);
+    return r && toSession(r);
+  }
+
+  touchSession(idHash: string, now: number): void {
+    this.s.touchSession.run(now, idHash);
+  }
+
+  deleteSession(idHash: string): boolean {
+    return this.s.delSession.run(idHash).changes > 0;
+  }
+
+  deleteSessionsOfUser(userId: number): number {
+    return this.s.delUserSessions.run(userId).changes;
+  }
+
+  pruneSessions(idleBefore: number, createdBefore: number): number {
+    return this.s.pruneSessions.run(idleBefore, createdBefore).changes;
+  }
+
+  createToken(t: Token): void {
+    this.s.insToken.run({ ...t });
+  }
+
+  takeToken(hash: string, kind: TokenKind, now: number): Token | undefined {
+    const r = this.s.takeToken.get(hash, kind, now);
+    return r && { hash: r.hash, kind: r.kind, userId: r.user_id, expiresAt: r.expires_at };
+  }
+
+  deleteTokensOfUser(userId: number, kind: TokenKind): void {
+    this.s.delUserTokens.run(userId, kind);
+  }
+
+  close(): void {
+    this.commit.close();
+    this.db.close();
+  }
+}

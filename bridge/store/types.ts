@@ -1,0 +1,116 @@
+/**
+ * What the bridge keeps, behind an interface narrow enough that another database can implement it without
+ * touching the routes. Reads are synchronous; writes go through `write`, which resolves once they are durable
+ * (group commit), so that a reply never promises what a crash could take back.
+ */
+import { z } from 'zod';
+
+/** Decision 16: a frontend's product configuration. */
+export const ProductConfig = z
+  .object({
+    /** Users may see nearby devices (`GET /0/network/`). */
+    nearby: z.boolean().default(true),
+    /** Users may claim devices (`POST /0/devices/`). */
+    registration: z.boolean().default(true),
+    /** Signup sends a confirmation e-mail. */
+    confirmationEmail: z.boolean().default(true),
+    /** A claim succeeds only for a device that heard the user's authcode within the nearby window. */
+    claimRequiresProximity: z.boolean().default(false),
+  })
+  .strict();
+export type ProductConfig = z.infer<typeof ProductConfig>;
+
+export interface Frontend {
+  id: string;
+  name: string;
+  config: ProductConfig;
+  isDefault: boolean;
+  createdAt: number;
+}
+
+export interface User {
+  id: number;
+  frontendId: string;
+  /** Lower-cased: logins are case-insensitive (decision 12). */
+  login: string;
+  passwordHash: string;
+  confirmed: boolean;
+  /** The user data object, as JSON text. */
+  data: string;
+  authcode: string;
+  /** The authcode before the last rotation, still matched for an hour (decision 17). */
+  authcodePrev: string | null;
+  authcodeRotatedAt: number;
+  createdAt: number;
+}
+
+export interface Session {
+  /** sha256 of the cookie value: the value itself is never stored (DESIGN section 9). */
+  idHash: string;
+  frontendId: string;
+  userId: number | null;
+  createdAt: number;
+  lastSeenAt: number;
+}
+
+export type TokenKind = 'confirm' | 'recover';
+
+export interface Token {
+  hash: string;
+  kind: TokenKind;
+  userId: number;
+  expiresAt: number;
+}
+
+export interface NewUser {
+  frontendId: string;
+  login: string;
+  passwordHash: string;
+  authcode: string;
+  now: number;
+}
+
+export interface UserPatch {
+  passwordHash?: string;
+  confirmed?: boolean;
+  data?: string;
+  authcode?: string;
+  authcodePrev?: string | null;
+  authcodeRotatedAt?: number;
+}
+
+export interface BridgeStore {
+  /** Runs writes in a transaction that is on disk when the promise resolves. */
+  write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;
+
+  createFrontend(f: Frontend): void;
+  frontend(id: string): Frontend | undefined;
+  defaultFrontend(): Frontend | undefined;
+  frontends(): Frontend[];
+  setFrontendConfig(id: string, config: ProductConfig, name?: string): boolean;
+  /** Makes this frontend the default one (and no other). */
+  setDefaultFrontend(id: string): boolean;
+
+  /** `undefined` when the login is taken in that frontend. */
+  createUser(u: NewUser): User | undefined;
+  userByLogin(frontendId: string, login: string): User | undefined;
+  userById(id: number): User | undefined;
+  /** Matches the current and, within its grace hour, the previous authcode. */
+  userByAuthcode(authcode: string): User | undefined;
+  updateUser(id: number, patch: UserPatch): void;
+
+  createSession(s: Session): void;
+  session(idHash: string): Session | undefined;
+  touchSession(idHash: string, now: number): void;
+  deleteSession(idHash: string): boolean;
+  deleteSessionsOfUser(userId: number): number;
+  /** Removes sessions idle or older than the limits; returns how many. */
+  pruneSessions(idleBefore: number, createdBefore: number): number;
+
+  createToken(t: Token): void;
+  /** Uses a token once: returns it and removes it when it exists, has the kind and has not expired. */
+  takeToken(hash: string, kind: TokenKind, now: number): Token | undefined;
+  deleteTokensOfUser(userId: number, kind: TokenKind): void;
+
+  close(): void;
+}
