@@ -203,7 +203,7 @@ export async function startBridge(
     maxConcurrent: a.hashConcurrency,
     maxQueued: a.hashQueue,
   });
-  const mailer = createMailer({ from: config.mail.from, outboxDir: outboxDir(config), smtp: config.mail.smtp }, log);
+  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const app = buildApp({ config, store, hasher, mailer, log });
   let broker: EmbeddedBroker | undefined;
   try {

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
 import { LOG_LEVELS } from '../lib/log.js';
+import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
   z
@@ -104,26 +105,8 @@ export const BridgeConfigSchema = z
       })
       .strict()
       .prefault({}),
-    mail: z
-      .object({
-        from: z.string().min(3).default('devcloud <noreply@localhost>'),
-        /** Without smtp, mails are written here (default `<dataDir>/outbox`) and their links logged. */
-        outboxDir: z.string().min(1).optional(),
-        smtp: z
-          .object({
-            host: z.string().min(1),
-            port: z.number().int().min(1).max(65535).default(587),
-            secure: z.boolean().default(false),
-            user: z.string().min(1).optional(),
-            pass: z.string().min(1).optional(),
-            rejectUnauthorized: z.boolean().default(true),
-            timeoutMs: z.number().int().min(100).max(600_000).default(10_000),
-          })
-          .strict()
-          .optional(),
-      })
-      .strict()
-      .prefault({}),
+    /** Decision 20: SMTP when `smtp` is set; otherwise mails go to `outboxDir` (default `<dataDir>/outbox`). */
+    mail: MailConfigSchema.extend({ outboxDir: z.string().min(1).optional() }).prefault({}),
     log: z
       .object({
         level: z.enum(LOG_LEVELS).default('info'),
