@@ -1,0 +1,331 @@
+/**
+ * A bridge HTTP app for tests: a fresh SQLite store in a temp dir with its default frontend, scrypt at the
+ * cheapest cost, mail to an outbox, a clock the test moves by hand, and HTTP clients with a cookie jar that
+ * talk to it through `inject()` or over a real socket (plain HTTP with `fetch`, or HTTPS with a certificate
+ * made here with openssl).
+ */
+import { execFileSync } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { readFileSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import type { z } from 'zod';
+import { PasswordHasher } from '../../bridge/accounts/password.js';
+import { buildApp } from '../../bridge/app.js';
+import { ensureDefaultFrontend } from '../../bridge/cli.js';
+import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
+import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
+import { SqliteStore } from '../../bridge/store/sqlite.js';
+import { type Frontend, ProductConfig } from '../../bridge/store/types.js';
+import { createLogger } from '../../lib/log.js';
+import { LogSink, tempDir } from './agent.js';
+
+/** How a test reaches the app: `inject()` without a socket, or a listening server. */
+export type Transport = 'inject' | 'http' | 'https';
+
+type ConfigInput = z.input<typeof BridgeConfigSchema>;
+export type ConfigOverrides = { [K in keyof Omit<ConfigInput, 'dataDir'>]?: ConfigInput[K] };
+
+/** The time the app sees; tests move it instead of waiting. */
+export class TestClock {
+  constructor(public t = Date.UTC(2030, 0, 1)) {}
+  readonly now = (): number => this.t;
+  advance(ms: number): void {
+    this.t += ms;
+  }
+}
+
+export interface RawRequest {
+  method: string;
+  path: string;
+  headers: Record<string, string>;
+  body?: string | Buffer;
+}
+
+export interface RawResponse {
+  status: number;
+  body: string;
+  contentType: string;
+  /** Every Set-Cookie header, as sent. */
+  setCookies: string[];
+}
+
+type Send = (req: RawRequest) => Promise<RawResponse>;
+
+export interface ParsedCookie {
+  name: string;
+  value: string;
+  /** Attribute names in lower case; flags map to ''. */
+  attrs: Map<string, string>;
+}
+
+export function parseSetCookie(header: string): ParsedCookie {
+  const [pair = '', ...rest] = header.split(';');
+  const eq = pair.indexOf('=');
+  const attrs = new Map<string, string>();
+  for (const a of rest) {
+    const i = a.indexOf('=');
+    if (i < 0) attrs.set(a.trim().toLowerCase(), '');
+    else attrs.set(a.slice(0, i).trim().toLowerCase(), a.slice(i + 1).trim());
+  }
+  return { name: pair.slice(0, eq).trim(), value: pair.slice(eq + 1).trim(), attrs };
+}
+
+export interface RequestOptions {
+  /** Form fields, sent as application/x-www-form-urlencoded. */
+  form?: Record<string, string>;
+  /** A JSON body. */
+  json?: unknown;
+  /** A raw body with its own content-type header. */
+  body?: string | Buffer;
+  headers?: Record<string, string>;
+  /** Send this Cookie header instead of the jar's (null: none). The jar still learns from the answer. */
+  cookie?: string | null;
+}
+
+export interface HttpResult extends RawResponse {
+  /** The `sid` cookie this answer set, parsed, if any. */
+  sid: ParsedCookie | undefined;
+}
+
+/** An HTTP client with a cookie jar, as a browser or the official client would keep one. */
+export class HttpClient {
+  readonly jar = new Map<string, string>();
+  constructor(private readonly sendRaw: Send) {}
+
+  get sid(): string | undefined {
+    return this.jar.get('sid');
+  }
+
+  async request(method: string, path: string, opts: RequestOptions = {}): Promise<HttpResult> {
+    const headers: Record<string, string> = {};
+    let body: string | Buffer | undefined;
+    if (opts.form) {
+      headers['content-type'] = 'application/x-www-form-urlencoded';
+      body = new URLSearchParams(opts.form).toString();
+    } else if (opts.json !== undefined) {
+      headers['content-type'] = 'application/json';
+      body = JSON.stringify(opts.json);
+    } else if (opts.body !== undefined) {
+      body = opts.body;
+    }
+    const cookie =
+      opts.cookie === undefined ? [...this.jar].map(([k, v]) => `${k}=${v}`).join('; ') : (opts.cookie ?? '');
+    if (cookie) headers.cookie = cookie;
+    Object.assign(headers, opts.headers);
+    const res = await this.sendRaw({ method, path, headers, ...(body === undefined ? {} : { body }) });
+    let sid: ParsedCookie | undefined;
+    for (const h of res.setCookies) {
+      const c = parseSetCookie(h);
+      if (c.name === 'sid') sid = c;
+      if (c.value === '' || c.attrs.get('max-age') === '0') this.jar.delete(c.name);
+      else this.jar.set(c.name, c.value);
+    }
+    return { ...res, sid };
+  }
+
+  post(path: string, opts?: RequestOptions): Promise<HttpResult> {
+    return this.request('POST', path, opts);
+  }
+
+  get(path: string, opts?: RequestOptions): Promise<HttpResult> {
+    return this.request('GET', path, opts);
+  }
+}
+
+function setCookieList(v: string | string[] | number | undefined): string[] {
+  if (v === undefined) return [];
+  return Array.isArray(v) ? v : [String(v)];
+}
+
+function injectSend(app: FastifyInstance): Send {
+  return async (req) => {
+    const res = await app.inject({
+      method: req.method as 'GET',
+      url: req.path,
+      headers: req.headers,
+      ...(req.body === undefined ? {} : { payload: req.body }),
+    });
+    return {
+      status: res.statusCode,
+      body: res.body,
+      contentType: String(res.headers['content-type'] ?? ''),
+      setCookies: setCookieList(res.headers['set-cookie']),
+    };
+  };
+}
+
+/** A request with node's own client: `fetch` treats Host as forbidden and cannot trust a test CA. */
+function nodeRequest(base: string, req: RawRequest, ca?: Buffer): Promise<RawResponse> {
+  const url = new URL(req.path, base);
+  const mod = url.protocol === 'https:' ? https : http;
+  return new Promise((resolve, reject) => {
+    const r = mod.request(url, { method: req.method, headers: req.headers, ...(ca ? { ca } : {}) }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () =>
+        resolve({
+          status: res.statusCode ?? 0,
+          body: Buffer.concat(chunks).toString('utf8'),
+          contentType: res.headers['content-type'] ?? '',
+          setCookies: res.headers['set-cookie'] ?? [],
+        }),
+      );
+      res.on('error', reject);
+    });
+    r.on('error', reject);
+    r.end(req.body);
+  });
+}
+
+function fetchSend(base: string): Send {
+  return async (req) => {
+    if (req.headers.host !== undefined) return nodeRequest(base, req);
+    const res = await fetch(new URL(req.path, base), {
+      method: req.method,
+      headers: req.headers,
+      redirect: 'manual',
+      ...(req.body === undefined ? {} : { body: req.body }),
+    });
+    return {
+      status: res.status,
+      body: await res.text(),
+      contentType: res.headers.get('content-type') ?? '',
+      setCookies: res.headers.getSetCookie(),
+    };
+  };
+}
+
+/** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
+export function selfSignedCert(dir: string): { certFile: string; keyFile: string; cert: Buffer } {
+  const certFile = join(dir, 'cert.pem');
+  const keyFile = join(dir, 'key.pem');
+  execFileSync(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:prime256v1',
+      '-nodes',
+      '-keyout',
+      keyFile,
+      '-out',
+      certFile,
+      '-days',
+      '2',
+      '-subj',
+      '/CN=127.0.0.1',
+      '-addext',
+      'subjectAltName=IP:127.0.0.1',
+    ],
+    { stdio: 'pipe' },
+  );
+  return { certFile, keyFile, cert: readFileSync(certFile) };
+}
+
+export interface TestBridgeOptions {
+  transport?: Transport;
+  config?: ConfigOverrides;
+  clock?: TestClock;
+}
+
+export interface TestBridge {
+  app: FastifyInstance;
+  store: SqliteStore;
+  config: BridgeConfig;
+  clock: TestClock;
+  sink: LogSink;
+  mailer: Mailer;
+  dataDir: string;
+  defaultFrontend: Frontend;
+  transport: Transport;
+  /** The base URL when listening. */
+  url: string | undefined;
+  /** A new client with an empty cookie jar over the bridge's transport. */
+  client(): HttpClient;
+  /** Adds a frontend with the given product configuration. */
+  addFrontend(config?: Partial<ProductConfig>): Frontend;
+  close(): Promise<void>;
+}
+
+export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<TestBridge> {
+  const transport = opts.transport ?? 'inject';
+  const dataDir = tempDir('devcloud-bridge-');
+  const over = opts.config ?? {};
+  const tls = transport === 'https' ? selfSignedCert(dataDir) : undefined;
+  const config = BridgeConfigSchema.parse({
+    ...over,
+    dataDir,
+    http: { ...over.http, ...(tls ? { certFile: tls.certFile, keyFile: tls.keyFile } : {}) },
+    accounts: { scryptLogN: 10, ...over.accounts },
+    // Generous limits: the rate limiters have their own tests, and here they would only get in the way.
+    rateLimits: {
+      login: { limit: 1000 },
+      signup: { limit: 1000 },
+      resend: { limit: 1000 },
+      recover: { limit: 1000 },
+      ...over.rateLimits,
+    },
+  });
+  const clock = opts.clock ?? new TestClock();
+  const sink = new LogSink();
+  const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
+  const store = new SqliteStore(dataDir);
+  const defaultFrontend = ensureDefaultFrontend(store, clock.now());
+  const a = config.accounts;
+  const hasher = new PasswordHasher({
+    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
+    maxConcurrent: a.hashConcurrency,
+    maxQueued: a.hashQueue,
+  });
+  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now });
+  let url: string | undefined;
+  let send: Send;
+  if (transport === 'inject') {
+    await app.ready();
+    send = injectSend(app);
+  } else {
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const address = app.server.address();
+    const port = typeof address === 'object' && address ? address.port : 0;
+    url = `${transport}://127.0.0.1:${port}`;
+    const base = url;
+    send = tls ? (req) => nodeRequest(base, req, tls.cert) : fetchSend(base);
+  }
+  return {
+    app,
+    store,
+    config,
+    clock,
+    sink,
+    mailer,
+    dataDir,
+    defaultFrontend,
+    transport,
+    url,
+    client: () => new HttpClient(send),
+    addFrontend(product = {}) {
+      const f: Frontend = {
+        id: randomUUID(),
+        name: 'test',
+        config: ProductConfig.parse(product),
+        isDefault: false,
+        createdAt: clock.now(),
+      };
+      store.createFrontend(f);
+      return f;
+    },
+    async close() {
+      await app.close();
+      await mailer.close();
+      store.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
