@@ -3,7 +3,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'var/', 'coverage/', 'eslint.config.js'] },
+  { ignores: ['dist/', 'node_modules/', 'var/', 'coverage/', '.bench/', 'eslint.config.js'] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

@@ -6,6 +6,7 @@
 import Fastify, { type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { isUtf8 } from 'node:buffer';
 import { readFileSync } from 'node:fs';
+import type { z } from 'zod';
 import type { Logger } from '../lib/log.js';
 import type { PasswordHasher } from './accounts/password.js';
 import { RateLimiter } from './accounts/ratelimit.js';
@@ -14,6 +15,7 @@ import type { BridgeConfig } from './config.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
 import type { Mailer } from './mail/mailer.js';
+import { OPENAPI_PATH, buildOpenApi } from './openapi.js';
 import { readSession } from './sessions/cookie.js';
 import { registerSessionRoutes } from './sessions/routes.js';
 import type { BridgeStore, Frontend, Session, User } from './store/types.js';
@@ -70,10 +72,30 @@ export function fields(req: FastifyRequest): Fields {
   return typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Fields) : {};
 }
 
-/** A string field, or `undefined` when it is absent or not a string. */
-export function field(req: FastifyRequest, name: string): string | undefined {
-  const v = fields(req)[name];
-  return typeof v === 'string' ? v : undefined;
+/** The query parameters as a flat map; a repeated parameter is an array. */
+export function query(req: FastifyRequest): Fields {
+  const q = req.query;
+  return typeof q === 'object' && q !== null ? (q as Fields) : {};
+}
+
+/** One field read through its schema: its value, or `ok: false` when it is missing or malformed. */
+export type FieldResult<T> = { ok: true; value: T } | { ok: false };
+
+/**
+ * Reads fields through a form schema one field at a time (STYLE principle 3), so that a route answers the
+ * failure token of the field at fault, in its own order (decision 4), and ignores a field it does not use on
+ * the path it takes.
+ */
+export function readForm<S extends Record<string, z.ZodType>>(
+  values: Fields,
+  form: z.ZodObject<S>,
+): { [K in keyof S]: FieldResult<z.output<S[K]>> } {
+  const out: Record<string, FieldResult<unknown>> = {};
+  for (const [name, schema] of Object.entries(form.shape)) {
+    const r = schema.safeParse(Object.hasOwn(values, name) ? values[name] : undefined);
+    out[name] = r.success ? { ok: true, value: r.data } : { ok: false };
+  }
+  return out as { [K in keyof S]: FieldResult<z.output<S[K]>> };
 }
 
 export function send(reply: FastifyReply, status: number, token: string): FastifyReply {
@@ -93,7 +115,8 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     bodyLimit: config.http.bodyLimit,
     logger: false,
     // The Host header names the frontend; `/0/user` and `/0/user/` are the same route.
-    ignoreTrailingSlash: true,
+    // (In `routerOptions`: the top-level spelling prints a deprecation warning on every start.)
+    routerOptions: { ignoreTrailingSlash: true },
     return503OnClosing: true,
   }) as unknown as FastifyInstance;
 
@@ -188,5 +211,9 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   registerSessionRoutes(app, ctx);
   registerAccountRoutes(app, ctx);
   registerUserRoutes(app, ctx);
+
+  // The API document describes routes, not a session: it is the same for every caller.
+  const apiDocument = JSON.stringify(buildOpenApi(config));
+  app.get(OPENAPI_PATH, async (_req, reply) => reply.type('application/json; charset=utf-8').send(apiDocument));
   return app;
 }

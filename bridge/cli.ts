@@ -27,6 +27,9 @@ Usage:
 
 Options:
 ${formatOptions(BRIDGE_OPTIONS)}
+  --name NAME            name of a new frontend (frontend create)
+  --json                 print JSON (frontend commands)
+  -h, --help             this help
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
 `;
@@ -63,7 +66,8 @@ function parseSettings(pairs: string[], io: Io): { settings: Record<string, bool
       name = value;
       continue;
     }
-    if (!(key in ProductConfig.shape) || !/^(true|false)$/.test(value)) {
+    // An own key only: `in` would also accept inherited names such as `constructor`.
+    if (!Object.hasOwn(ProductConfig.shape, key) || !/^(true|false)$/.test(value)) {
       io.err(
         `devcloud-bridge: ${p}: expected KEY=true|false with KEY one of ${Object.keys(ProductConfig.shape).join(', ')}`,
       );
@@ -155,6 +159,7 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   const [command = 'run', ...params] = args.positionals;
   let config: BridgeConfig | undefined;
   const problems = [...args.problems];
+  if (argv.includes('--name') && name === undefined) problems.push('flag --name needs a value');
   try {
     config = loadBridgeConfig(args.flags, env);
   } catch (err) {

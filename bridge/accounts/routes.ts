@@ -4,11 +4,12 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { type RouteContext, field, send } from '../app.js';
+import { type RouteContext, fields, query, readForm, send } from '../app.js';
 import { ApiError } from '../errors.js';
 import { hashSecretValue } from '../sessions/cookie.js';
-import { guarded, limit, normaliseLogin } from '../sessions/routes.js';
+import { address, guarded, limit } from '../sessions/routes.js';
 import type { TokenKind, User } from '../store/types.js';
+import { ConfirmQuery, RecoverPageQuery, accountForms } from './schemas.js';
 
 const HOUR_MS = 3_600_000;
 
@@ -60,11 +61,13 @@ const escapeHtml = (s: string) => s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt
 
 export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): void {
   const { store, config, hasher, limits } = ctx;
+  const forms = accountForms(config.accounts);
 
   app.post('/0/session/resend', { config: { failToken: 'resend-fail' } }, async (req, reply) => {
-    limit([[limits.resendByAddress, req.ip]]);
-    const login = normaliseLogin(field(req, 'login'), config.accounts.loginMax);
-    if (login === undefined) throw new ApiError('resend-fail');
+    limit([[limits.resendByAddress, address(req)]]);
+    const form = readForm(fields(req), forms.resend);
+    if (!form.login.ok) throw new ApiError('resend-fail');
+    const login = form.login.value;
     limit([[limits.resendByLogin, `${req.frontend.id} ${login}`]]);
     const user = store.userByLogin(req.frontend.id, login);
     if (!user || user.confirmed) throw new ApiError('resend-fail');
@@ -80,13 +83,13 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
   // Decision 5: both spellings. With only `login`, a recovery mail; with `login`, `token` and `password`, the
   // new password.
   const recover = async (req: FastifyRequest): Promise<void> => {
-    const login = normaliseLogin(field(req, 'login'), config.accounts.loginMax);
-    const token = field(req, 'token');
-    limit([[limits.recoverByAddress, req.ip]]);
-    if (login === undefined) throw new ApiError('recover-fail');
+    const form = readForm(fields(req), forms.recover);
+    limit([[limits.recoverByAddress, address(req)]]);
+    if (!form.login.ok) throw new ApiError('recover-fail');
+    const login = form.login.value;
     limit([[limits.recoverByLogin, `${req.frontend.id} ${login}`]]);
     const user = store.userByLogin(req.frontend.id, login);
-    if (token === undefined) {
+    if (form.token.ok && form.token.value === undefined) {
       if (!user) throw new ApiError('recover-fail');
       try {
         await sendRecovery(ctx, req, user);
@@ -96,11 +99,10 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
       }
       return;
     }
-    const password = field(req, 'password');
-    const a = config.accounts;
-    if (!user || password === undefined || password.length < a.passwordMin || password.length > a.passwordMax) {
-      throw new ApiError('recover-fail');
-    }
+    // A token that is not a string is malformed input (decision 4), not a request for a recovery e-mail.
+    const token = form.token.ok ? form.token.value : undefined;
+    const password = form.password.ok ? form.password.value : undefined;
+    if (!user || token === undefined || password === undefined) throw new ApiError('recover-fail');
     const passwordHash = await guarded(hasher.hash(password));
     const done = await store.write(() => {
       const t = store.takeToken(hashSecretValue(token), 'recover', ctx.now());
@@ -122,9 +124,7 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
 
   // The e-mailed recovery link opens a small form that posts the new password back.
   app.get('/0/session/recover', async (req, reply) => {
-    const q = req.query as Record<string, unknown>;
-    const login = typeof q.login === 'string' ? q.login : '';
-    const token = typeof q.token === 'string' ? q.token : '';
+    const { login, token } = RecoverPageQuery.parse(query(req));
     const appId =
       req.frontendSource === 'host' ? '' : `<input type="hidden" name="app" value="${escapeHtml(req.frontend.id)}">`;
     return reply
@@ -143,8 +143,9 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
 
   // Decision 6: the confirmation link.
   app.get('/0/session/confirm', { config: { failToken: 'confirm-fail' } }, async (req, reply) => {
-    const token = (req.query as Record<string, unknown>).token;
-    if (typeof token !== 'string') throw new ApiError('confirm-fail');
+    const q = readForm(query(req), ConfirmQuery);
+    if (!q.token.ok) throw new ApiError('confirm-fail');
+    const token = q.token.value;
     const userId = await store.write(() => {
       const t = store.takeToken(hashSecretValue(token), 'confirm', ctx.now());
       if (!t) return undefined;

@@ -4,21 +4,18 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { z } from 'zod';
 import { HasherBusyError } from '../accounts/password.js';
 import { sendConfirmation } from '../accounts/routes.js';
-import { type RouteContext, field, send } from '../app.js';
+import { type RouteContext, fields, readForm, send } from '../app.js';
 import { ApiError } from '../errors.js';
 import type { RateLimiter } from '../accounts/ratelimit.js';
 import { clearSessionCookie, startSession } from './cookie.js';
-
-const Email = z.email();
+import { LoginField, sessionForms } from './schemas.js';
 
 /** Decision 12: a valid e-mail address of at most `max` characters; logins compare case-insensitively. */
 export function normaliseLogin(login: string | undefined, max: number): string | undefined {
-  if (login === undefined) return undefined;
-  const l = login.trim().toLowerCase();
-  return l.length > 0 && l.length <= max && Email.safeParse(l).success ? l : undefined;
+  const r = LoginField(max).safeParse(login);
+  return r.success ? r.data : undefined;
 }
 
 /** Counts an attempt against each limiter; throws 429 when one is exhausted. */
@@ -43,12 +40,18 @@ export async function guarded<T>(work: Promise<T>): Promise<T> {
   }
 }
 
-function address(req: FastifyRequest): string {
-  return req.ip;
+/**
+ * The client's address, the key of the per-address limits. Node clears it once the client has hung up, which
+ * can happen before the handler runs; such a request still counts, under one shared key.
+ */
+export function address(req: FastifyRequest): string {
+  const ip: string | undefined = req.ip;
+  return ip ?? 'gone';
 }
 
 export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): void {
   const { store, config, hasher, now, limits } = ctx;
+  const forms = sessionForms(config.accounts);
 
   app.post('/0/session', async (req, reply) => {
     if (req.session) return send(reply, 200, 'user-ok');
@@ -57,13 +60,12 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
   });
 
   app.post('/0/session/login', { config: { failToken: 'login-fail' } }, async (req, reply) => {
-    const login = normaliseLogin(field(req, 'login'), config.accounts.loginMax);
-    const password = field(req, 'password');
+    const form = readForm(fields(req), forms.login);
     limit([[limits.loginByAddress, address(req)]]);
     // Decision 4: missing fields are a failed login, not a malformed request.
-    if (login === undefined || password === undefined || password.length > config.accounts.passwordMax) {
-      throw new ApiError('login-fail');
-    }
+    if (!form.login.ok || !form.password.ok) throw new ApiError('login-fail');
+    const login = form.login.value;
+    const password = form.password.value;
     limit([[limits.loginByLogin, `${req.frontend.id} ${login}`]]);
     const user = store.userByLogin(req.frontend.id, login);
     const ok = user
@@ -86,7 +88,8 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
     return send(reply, 201, 'login-ok');
   });
 
-  app.post('/0/session/logout', async (req, reply) => {
+  // A body the parser refuses (too large, not UTF-8) is answered with the route's own token (decision 4).
+  app.post('/0/session/logout', { config: { failToken: 'logout-fail' } }, async (req, reply) => {
     const session = req.session;
     if (!session) return send(reply, 400, 'logout-fail');
     await store.write(() => store.deleteSession(session.idHash));
@@ -96,13 +99,11 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
 
   app.post('/0/session/signup', { config: { failToken: 'signup-fail' } }, async (req, reply) => {
     limit([[limits.signupByAddress, address(req)]]);
-    const login = normaliseLogin(field(req, 'login'), config.accounts.loginMax);
-    if (login === undefined) throw new ApiError('signup-fail-no-email');
-    const password = field(req, 'password');
-    const a = config.accounts;
-    if (password === undefined || password.length < a.passwordMin || password.length > a.passwordMax) {
-      throw new ApiError('signup-fail');
-    }
+    const form = readForm(fields(req), forms.signup);
+    if (!form.login.ok) throw new ApiError('signup-fail-no-email');
+    if (!form.password.ok) throw new ApiError('signup-fail');
+    const login = form.login.value;
+    const password = form.password.value;
     // Cheap check first, so that a taken login costs no hash; the unique index decides races.
     if (store.userByLogin(req.frontend.id, login)) throw new ApiError('signup-fail-already-exists');
     const passwordHash = await guarded(hasher.hash(password));

@@ -4,10 +4,11 @@
  * matches for an hour (decision 17).
  */
 import type { FastifyInstance } from 'fastify';
-import { type RouteContext, fields, send } from '../app.js';
+import { type RouteContext, send } from '../app.js';
 import { ApiError } from '../errors.js';
 import { newAuthcode } from '../sessions/routes.js';
 import type { BridgeStore, User } from '../store/types.js';
+import { UserDataForm } from './schemas.js';
 
 export const AUTHCODE_ROTATE_MS = 24 * 3_600_000;
 export const AUTHCODE_GRACE_MS = 3_600_000;
@@ -53,13 +54,11 @@ export function registerUserRoutes(app: FastifyInstance, ctx: RouteContext): voi
   app.post('/0/user', { config: { failToken: 'user-data-fail' } }, async (req, reply) => {
     const user = req.user;
     if (!user) throw new ApiError('no-session');
-    const incoming: Record<string, string> = {};
-    for (const [k, v] of Object.entries(fields(req))) {
-      // `app` names the frontend (decision 15); it is not user data.
-      if (k === 'app') continue;
-      if (typeof v !== 'string') throw new ApiError('user-data-fail');
-      incoming[k] = v;
-    }
+    // The body itself, not `fields(req)`: a JSON body that is not an object (an array, a string, a number,
+    // null) or a text/plain body is not a set of fields (decision 4), where `fields` would read it as none.
+    const form = UserDataForm.safeParse(req.body === undefined ? {} : req.body);
+    if (!form.success) throw new ApiError('user-data-fail');
+    const incoming = form.data;
     const limit = config.accounts.userDataBytes;
     const outcome = await store.write(() => {
       // Merged inside the transaction, so that concurrent posts do not lose each other's fields.

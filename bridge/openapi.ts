@@ -1,0 +1,477 @@
+/**
+ * The API document: OpenAPI 3.1, served at `GET /0/openapi.json`. Request bodies and query parameters are
+ * generated with `z.toJSONSchema()` from the same zod schemas the routes read their input with
+ * (`sessions/schemas.ts`, `accounts/schemas.ts`, `users/schemas.ts`), with this bridge's limits filled in; every
+ * status a route can answer is listed with its plain-text token from the catalog (`errors.ts`).
+ * `test/bridge/openapi.test.ts` drives every route through its outcomes and checks each against this document.
+ */
+import { z } from 'zod';
+import { VERSION } from '../lib/version.js';
+import { ConfirmQuery, RecoverPageQuery, accountForms } from './accounts/schemas.js';
+import type { BridgeConfig } from './config.js';
+import { ERRORS, type ErrorCode } from './errors.js';
+import { AppParam } from './frontends/schemas.js';
+import { COOKIE_NAME } from './sessions/cookie.js';
+import { sessionForms } from './sessions/schemas.js';
+import { UserDataForm, UserObject } from './users/schemas.js';
+
+export const OPENAPI_PATH = '/0/openapi.json';
+
+type Json = Record<string, unknown>;
+
+/** A request schema as JSON Schema 2020-12 (the dialect of OpenAPI 3.1): what a client may send. */
+function jsonSchema(schema: z.ZodType): Json {
+  const { $schema: _dialect, ...rest } = z.toJSONSchema(schema, { io: 'input' }) as Json;
+  return rest;
+}
+
+/**
+ * Named schemas as components; a named schema used inside another becomes a `$ref` to its component. `input`
+ * for requests (what a client may send), `output` for responses (what the bridge answers).
+ */
+function components(named: Record<string, z.ZodType>, io: 'input' | 'output'): Record<string, Json> {
+  const registry = z.registry<{ id: string }>();
+  for (const [id, schema] of Object.entries(named)) registry.add(schema, { id });
+  const { schemas } = z.toJSONSchema(registry, { io, uri: (id) => `#/components/schemas/${id}` });
+  const out: Record<string, Json> = {};
+  for (const [id, schema] of Object.entries(schemas)) {
+    const { $schema: _dialect, $id: _id, ...rest } = schema as Json;
+    out[id] = rest;
+  }
+  return out;
+}
+
+const token = (code: ErrorCode): string => ERRORS[code].body;
+
+/**
+ * What the error handler in `app.ts` answers when Fastify refuses a body (bad JSON, not UTF-8, over
+ * `http.bodyLimit`) on a route that has no failure token of its own.
+ */
+const BAD_REQUEST = 'bad-request';
+
+/** One status of one route. */
+interface Outcome {
+  description: string;
+  /** Plain-text body tokens. */
+  tokens?: readonly string[];
+  /** A JSON body: the name of a component schema. */
+  json?: string;
+  html?: boolean;
+  setsCookie?: boolean;
+  retryAfter?: boolean;
+}
+
+interface Route {
+  method: 'get' | 'post';
+  /** The path as the specification spells it; a trailing slash is optional on every route. */
+  path: string;
+  operationId: string;
+  tag: 'Session' | 'User data' | 'Meta';
+  summary: string;
+  description: string;
+  /** required: the route needs a session; optional: the route uses one when there is one. */
+  session?: 'required' | 'optional';
+  /** The component schema of the form. */
+  body?: string;
+  /** Query parameters besides `app`. */
+  query?: z.ZodObject;
+  responses: Record<number, Outcome>;
+}
+
+const TOO_MANY: Outcome = {
+  description: 'Too many attempts from this address or for this login; retry after `Retry-After` seconds.',
+  tokens: [token('too-many-requests')],
+  retryAfter: true,
+};
+
+const BUSY: Outcome = {
+  description: 'The password hashing queue is full; retry after `Retry-After` seconds.',
+  tokens: [token('busy')],
+  retryAfter: true,
+};
+
+function routes(config: BridgeConfig): Route[] {
+  const bodyLimit = `${config.http.bodyLimit} bytes (\`http.bodyLimit\`)`;
+  const recover = (path: string, operationId: string, alias: boolean): Route => ({
+    method: 'post',
+    path,
+    operationId,
+    tag: 'Session',
+    summary: alias
+      ? 'Recovery e-mail or new password (the spelling of the official client)'
+      : 'Recovery e-mail or new password',
+    description:
+      'Decision 5. With `login` alone: e-mails a link to set a new password (valid ' +
+      `${config.accounts.recoverTokenHours} h, single use; only the newest link works). With \`login\`, \`token\` ` +
+      'and `password`: sets the new password and ends every session of the user. Both `/0/session/recovery` and ' +
+      '`/0/session/recover` are accepted.',
+    body: 'RecoverForm',
+    responses: {
+      200: { description: 'Recovery e-mail sent, or password set.', tokens: ['recover-ok'] },
+      400: {
+        description:
+          'Login missing, malformed or unknown; the e-mail could not be sent; token wrong, used or expired; ' +
+          'new password missing or out of bounds; or a malformed body.',
+        tokens: [token('recover-fail')],
+      },
+      429: TOO_MANY,
+      503: BUSY,
+    },
+  });
+  return [
+    {
+      method: 'post',
+      path: '/0/session/',
+      operationId: 'createSession',
+      tag: 'Session',
+      summary: 'Anonymous session',
+      description: 'Creates an anonymous session in the frontend unless the request already has a valid one.',
+      session: 'optional',
+      body: 'NoForm',
+      responses: {
+        200: { description: 'The session existed.', tokens: ['user-ok'] },
+        201: { description: 'New anonymous session; cookie set.', tokens: ['user-ok'], setsCookie: true },
+        400: { description: `A malformed body (bad JSON, not UTF-8, over ${bodyLimit}).`, tokens: [BAD_REQUEST] },
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/session/login',
+      operationId: 'login',
+      tag: 'Session',
+      summary: 'Log in',
+      description:
+        'Checks the login and password and starts a new logged-in session (a new cookie; the old session ends).',
+      session: 'optional',
+      body: 'LoginForm',
+      responses: {
+        201: { description: 'Logged in; cookie set.', tokens: ['login-ok'], setsCookie: true },
+        403: {
+          description: 'Wrong or unknown login or password, a missing or malformed field, or a malformed body.',
+          tokens: [token('login-fail')],
+        },
+        429: TOO_MANY,
+        503: BUSY,
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/session/logout',
+      operationId: 'logout',
+      tag: 'Session',
+      summary: 'Log out',
+      description: 'Ends the session of the cookie; the cookie is cleared and can no longer be used.',
+      session: 'required',
+      body: 'NoForm',
+      responses: {
+        201: { description: 'Session ended; cookie cleared.', tokens: ['logout-ok'], setsCookie: true },
+        400: {
+          description: 'No valid session for the cookie in this frontend, or a malformed body.',
+          tokens: [token('logout-fail')],
+        },
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/session/signup',
+      operationId: 'signup',
+      tag: 'Session',
+      summary: 'Create an account',
+      description:
+        "Creates the user in the frontend and a logged-in session for it (a new cookie). When the frontend's " +
+        '`confirmationEmail` is on, e-mails a confirmation link; the account exists whether or not the e-mail ' +
+        'goes out (resend it with `/0/session/resend`).',
+      session: 'optional',
+      body: 'SignupForm',
+      responses: {
+        201: { description: 'Account created; logged in; cookie set.', tokens: ['signup-ok'], setsCookie: true },
+        400: {
+          description:
+            '`signup-fail-no-email`: login missing or not an e-mail address. `signup-fail-already-exists`: the ' +
+            'login is taken in this frontend. `signup-fail`: password missing or out of bounds, or a malformed body.',
+          tokens: [token('signup-fail-no-email'), token('signup-fail-already-exists'), token('signup-fail')],
+        },
+        429: TOO_MANY,
+        503: BUSY,
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/session/resend',
+      operationId: 'resendConfirmation',
+      tag: 'Session',
+      summary: 'Send the confirmation e-mail again',
+      description: 'A new confirmation link for an unconfirmed user; the previous link stops working.',
+      body: 'ResendForm',
+      responses: {
+        200: { description: 'Confirmation e-mail sent.', tokens: ['resend-ok'] },
+        400: {
+          description:
+            'Login missing, malformed or unknown; the user is already confirmed; the e-mail could not be sent; or ' +
+            'a malformed body.',
+          tokens: [token('resend-fail')],
+        },
+        429: TOO_MANY,
+      },
+    },
+    recover('/0/session/recovery', 'recover', false),
+    recover('/0/session/recover', 'recoverAlias', true),
+    {
+      method: 'get',
+      path: '/0/session/recover',
+      operationId: 'recoverPage',
+      tag: 'Session',
+      summary: 'The page of the recovery link',
+      description:
+        'A small HTML form, opened from the recovery e-mail, that posts `login`, `token` (and `app`) with the new ' +
+        '`password` to `POST /0/session/recover`. `Cache-Control: no-store`, `Referrer-Policy: no-referrer`.',
+      query: RecoverPageQuery,
+      responses: { 200: { description: 'The form.', html: true } },
+    },
+    {
+      method: 'get',
+      path: '/0/session/confirm',
+      operationId: 'confirm',
+      tag: 'Session',
+      summary: 'The confirmation link',
+      description: `Decision 6: sets the user's \`confirmed\`. Single use, valid ${config.accounts.confirmTokenHours} h.`,
+      query: ConfirmQuery,
+      responses: {
+        200: { description: 'Confirmed.', tokens: ['confirm-ok'] },
+        400: { description: 'Token missing, wrong, used or expired.', tokens: [token('confirm-fail')] },
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/user/',
+      operationId: 'getUser',
+      tag: 'User data',
+      summary: 'The user of the session',
+      description:
+        'Reading it rotates the authcode when it is older than 24 h (decision 17). `Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The user object.', json: 'User' },
+        404: {
+          description: 'No logged-in session (the specification), or an unknown frontend.',
+          tokens: [token('not-found')],
+        },
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/user/',
+      operationId: 'setUserData',
+      tag: 'User data',
+      summary: 'Merge fields into the user data',
+      description:
+        'Every field but `app` is merged into `data`; fields not sent are kept. The merged object may take at ' +
+        `most ${config.accounts.userDataBytes} bytes as JSON (\`accounts.userDataBytes\`).`,
+      session: 'required',
+      body: 'UserDataForm',
+      responses: {
+        200: { description: 'Merged.', tokens: ['user-data-ok'] },
+        400: {
+          description: 'A field whose value is not a string (JSON bodies), or a malformed body.',
+          tokens: [token('user-data-fail')],
+        },
+        401: { description: 'No logged-in session (decision 3).', tokens: [token('no-session')] },
+        413: {
+          description: `The merged data would exceed the limit, or the body exceeds ${bodyLimit}.`,
+          tokens: [token('user-data-failed')],
+        },
+      },
+    },
+    {
+      method: 'get',
+      path: OPENAPI_PATH,
+      operationId: 'getOpenApi',
+      tag: 'Meta',
+      summary: 'This document',
+      description: 'Needs no session.',
+      responses: { 200: { description: 'The OpenAPI 3.1 document.', json: 'OpenApiDocument' } },
+    },
+  ];
+}
+
+/** Statuses every route can answer besides its own. */
+const COMMON: Record<number, Outcome> = {
+  404: {
+    description:
+      'Unknown frontend: the Host header or `app` names a frontend the bridge does not have, or neither names ' +
+      'one and the default frontend is switched off (`frontends.allowDefault: false`).',
+    tokens: [token('not-found')],
+  },
+  500: { description: 'An unexpected failure; it is logged as `http.failed`.', tokens: [token('internal')] },
+};
+
+/** Fastify's own answer to a request that arrives while the bridge shuts down. */
+const SHUTTING_DOWN = {
+  type: 'object',
+  properties: { error: { type: 'string' }, message: { type: 'string' }, statusCode: { const: 503 } },
+  required: ['error', 'message', 'statusCode'],
+};
+
+function response(o: Outcome): Json {
+  const content: Json = {};
+  if (o.tokens) content['text/plain'] = { schema: { type: 'string', enum: [...new Set(o.tokens)] } };
+  if (o.json) content['application/json'] = { schema: { $ref: `#/components/schemas/${o.json}` } };
+  if (o.html) content['text/html'] = { schema: { type: 'string' } };
+  const headers: Json = {};
+  if (o.setsCookie) headers['Set-Cookie'] = { $ref: '#/components/headers/SetSessionCookie' };
+  if (o.retryAfter) headers['Retry-After'] = { $ref: '#/components/headers/RetryAfter' };
+  return {
+    description: o.description,
+    ...(Object.keys(headers).length > 0 ? { headers } : {}),
+    ...(Object.keys(content).length > 0 ? { content } : {}),
+  };
+}
+
+function responses(route: Route): Json {
+  const out: Record<string, Json> = {};
+  for (const [status, o] of Object.entries({ ...COMMON, ...route.responses })) out[status] = response(o);
+  const own503 = route.responses[503];
+  const shutdown = 'The bridge is shutting down (a JSON body from the HTTP server).';
+  out['503'] = {
+    description: own503
+      ? `${own503.description} Or: ${shutdown.charAt(0).toLowerCase()}${shutdown.slice(1)}`
+      : shutdown,
+    ...(own503 ? { headers: { 'Retry-After': { $ref: '#/components/headers/RetryAfter' } } } : {}),
+    content: {
+      ...(own503?.tokens ? { 'text/plain': { schema: { type: 'string', enum: own503.tokens } } } : {}),
+      'application/json': { schema: SHUTTING_DOWN },
+    },
+  };
+  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => Number(a) - Number(b)));
+}
+
+function queryParameters(query: z.ZodObject | undefined): Json[] {
+  const params: Json[] = [{ $ref: '#/components/parameters/app' }];
+  if (!query) return params;
+  const schema = jsonSchema(query) as { properties?: Record<string, Json>; required?: string[] };
+  for (const [name, s] of Object.entries(schema.properties ?? {})) {
+    if (name === 'app') continue;
+    const { description, ...rest } = s;
+    params.push({
+      name,
+      in: 'query',
+      required: schema.required?.includes(name) ?? false,
+      ...(typeof description === 'string' ? { description } : {}),
+      schema: rest,
+    });
+  }
+  return params;
+}
+
+function operation(route: Route): Json {
+  const security =
+    route.session === 'required' ? [{ sid: [] }] : route.session === 'optional' ? [{}, { sid: [] }] : undefined;
+  const body = route.body
+    ? {
+        requestBody: {
+          // Every field is optional to the HTTP layer: a missing one answers the route's failure token.
+          required: false,
+          content: {
+            'application/x-www-form-urlencoded': { schema: { $ref: `#/components/schemas/${route.body}` } },
+            'application/json': { schema: { $ref: `#/components/schemas/${route.body}` } },
+          },
+        },
+      }
+    : {};
+  return {
+    operationId: route.operationId,
+    tags: [route.tag],
+    summary: route.summary,
+    description: route.description,
+    ...(security ? { security } : {}),
+    parameters: queryParameters(route.query),
+    ...body,
+    responses: responses(route),
+  };
+}
+
+/** The document for a bridge running with `config`: the limits in the schemas are this bridge's own. */
+export function buildOpenApi(config: BridgeConfig): Json {
+  const session = sessionForms(config.accounts);
+  const account = accountForms(config.accounts);
+  const paths: Record<string, Json> = {};
+  for (const route of routes(config)) {
+    paths[route.path] = { ...paths[route.path], [route.method]: operation(route) };
+  }
+  const maxAge = Math.floor(config.sessions.absoluteDays * 86_400);
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'devcloud bridge: sessions and user data',
+      version: VERSION,
+      description:
+        'The Session and User data endpoints of the device cloud REST API. Bodies are form fields ' +
+        '(`application/x-www-form-urlencoded`); JSON objects are accepted too. Answers are plain-text tokens ' +
+        'unless stated as JSON. Every route also answers `HEAD` for `GET`, and takes its path with or without a ' +
+        'trailing slash.\n\n' +
+        'Frontend (decision 15): the Host header `<frontend uuid>.<server>`, else the `app` query or form ' +
+        'parameter, else the default frontend. Each frontend has its own users and sessions.\n\n' +
+        `Session: the cookie \`${COOKIE_NAME}\` (HttpOnly, SameSite=Lax, Path=/, Secure over TLS), idle timeout ` +
+        `${config.sessions.idleDays} days, absolute lifetime ${config.sessions.absoluteDays} days. A route that ` +
+        'needs a session answers 401 `no-session` without one, except `GET /0/user/`, which answers 404 `not found`.',
+    },
+    servers: [
+      config.http.publicUrl
+        ? { url: config.http.publicUrl.replace(/\/+$/, ''), description: 'This bridge.' }
+        : { url: '/', description: 'This bridge; the frontend from `app`, else the default one.' },
+      {
+        url: '{scheme}://{frontend}.{server}',
+        description: 'A frontend named by its host (decision 15).',
+        variables: {
+          scheme: { enum: ['https', 'http'], default: 'https' },
+          frontend: { default: '00000000-0000-0000-0000-000000000000', description: 'The frontend uuid.' },
+          server: { default: 'devcloud.example.com', description: 'The domain the bridge serves.' },
+        },
+      },
+    ],
+    tags: [
+      { name: 'Session', description: 'Sessions, accounts, confirmation and recovery.' },
+      { name: 'User data', description: 'The user object.' },
+      { name: 'Meta', description: 'About the API.' },
+    ],
+    paths,
+    components: {
+      securitySchemes: {
+        sid: {
+          type: 'apiKey',
+          in: 'cookie',
+          name: COOKIE_NAME,
+          description:
+            'Set by `POST /0/session/`, `login` and `signup`: 256 random bits, base64url. A new value on login, ' +
+            'signup and logout.',
+        },
+      },
+      parameters: {
+        app: { name: 'app', in: 'query', required: false, schema: { $ref: '#/components/schemas/FrontendId' } },
+      },
+      headers: {
+        SetSessionCookie: {
+          description: `\`${COOKIE_NAME}=<value>; Max-Age=${maxAge}; Path=/; HttpOnly; SameSite=Lax\`, plus \`; Secure\` over TLS. On logout the value is empty and \`Max-Age=0\`.`,
+          schema: { type: 'string' },
+        },
+        RetryAfter: { description: 'Seconds to wait.', schema: { type: 'integer', minimum: 1 } },
+      },
+      schemas: {
+        ...components(
+          {
+            FrontendId: AppParam,
+            NoForm: session.none,
+            LoginForm: session.login,
+            SignupForm: session.signup,
+            ResendForm: account.resend,
+            RecoverForm: account.recover,
+            UserDataForm,
+          },
+          'input',
+        ),
+        ...components({ User: UserObject }, 'output'),
+        OpenApiDocument: { type: 'object', required: ['openapi', 'info', 'paths'] },
+      },
+    },
+  };
+}
