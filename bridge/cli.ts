@@ -232,6 +232,20 @@ export async function startBridge(
       throw portError(err, config.mqtt.port, '--mqtt-port');
     }
   }
+  // Expired sessions can no longer be used; removing them keeps the table the size of the live ones.
+  const DAY_MS = 86_400_000;
+  const prune = () => {
+    const t = Date.now();
+    store
+      .write(() =>
+        store.pruneSessions(t - config.sessions.idleDays * DAY_MS, t - config.sessions.absoluteDays * DAY_MS),
+      )
+      .then((n) => n > 0 && log.info({ event: 'sessions.pruned', count: n }))
+      .catch((err: unknown) => log.warn({ event: 'sessions.prune_failed', err: String(err) }));
+  };
+  prune();
+  const pruneTimer = setInterval(prune, 3_600_000);
+  pruneTimer.unref();
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.http.port;
   const scheme = config.http.certFile ? 'https' : 'http';
@@ -243,6 +257,7 @@ export async function startBridge(
     url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
     defaultFrontend,
     close: async () => {
+      clearInterval(pruneTimer);
       await app.close();
       await broker?.close();
       await mailer.close();

@@ -105,7 +105,7 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
     if (!user || token === undefined || password === undefined) throw new ApiError('recover-fail');
     const passwordHash = await guarded(hasher.hash(password));
     const done = await store.write(() => {
-      const t = store.takeToken(hashSecretValue(token), 'recover', ctx.now());
+      const t = store.takeToken(hashSecretValue(token), 'recover', ctx.now(), user.id);
       if (!t || t.userId !== user.id) return false;
       store.updateUser(user.id, { passwordHash });
       // Whoever knew the old password is logged out everywhere.

@@ -13,12 +13,17 @@ export function isFrontendId(value: string): boolean {
   return UUID_RE.test(value);
 }
 
-function appParam(req: FastifyRequest): string | undefined {
-  const q = (req.query as Record<string, unknown> | undefined)?.app;
-  if (typeof q === 'string') return q;
+/**
+ * The `app` parameter: a string, absent, or `null` when it is there but not one string (repeated, or not text
+ * in JSON). A parameter that cannot name one frontend must not fall through to the default one.
+ */
+function appParam(req: FastifyRequest): string | null | undefined {
+  const query = req.query as Record<string, unknown> | undefined;
   const body = req.body as Record<string, unknown> | undefined;
-  const b = typeof body === 'object' && body !== null ? body.app : undefined;
-  return typeof b === 'string' ? b : undefined;
+  const fromBody = typeof body === 'object' && body !== null && !Array.isArray(body) ? body.app : undefined;
+  const v = query?.app ?? fromBody;
+  if (v === undefined) return undefined;
+  return typeof v === 'string' ? v : null;
 }
 
 /** The frontend, or `undefined` when the request names an unknown one or none while there is no default. */
@@ -34,6 +39,7 @@ export function resolveFrontend(
     return f ? { frontend: f, source: 'host' } : undefined;
   }
   const app = appParam(req);
+  if (app === null) return undefined;
   if (app !== undefined) {
     const f = isFrontendId(app.toLowerCase()) ? store.frontend(app.toLowerCase()) : undefined;
     return f ? { frontend: f, source: 'app' } : undefined;

@@ -13,7 +13,7 @@ export const AppParam = z.guid().meta({
 });
 
 /**
- * The same parameter inside a form. The resolver has already acted on it and ignores a value that is not a
- * string, so a route never fails on it either.
+ * The same parameter inside a form. The resolver has already acted on it (a value that is not one string names
+ * no frontend and answers 404), so a route never fails on it.
  */
 export const AppField = AppParam.optional().catch(undefined);

@@ -9,7 +9,7 @@ import { sendConfirmation } from '../accounts/routes.js';
 import { type RouteContext, fields, readForm, send } from '../app.js';
 import { ApiError } from '../errors.js';
 import type { RateLimiter } from '../accounts/ratelimit.js';
-import { clearSessionCookie, startSession } from './cookie.js';
+import { startSession } from './cookie.js';
 import { LoginField, sessionForms } from './schemas.js';
 
 /** Decision 12: a valid e-mail address of at most `max` characters; logins compare case-insensitively. */
@@ -90,10 +90,10 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
 
   // A body the parser refuses (too large, not UTF-8) is answered with the route's own token (decision 4).
   app.post('/0/session/logout', { config: { failToken: 'logout-fail' } }, async (req, reply) => {
-    const session = req.session;
-    if (!session) return send(reply, 400, 'logout-fail');
-    await store.write(() => store.deleteSession(session.idHash));
-    clearSessionCookie(req, reply);
+    if (!req.session) return send(reply, 400, 'logout-fail');
+    // Decision 1: a new id on logout too. The logged-in session ends (its cookie is useless from now on) and the
+    // client carries on in a fresh anonymous one.
+    await startSession(req, reply, store, config, null, now());
     return send(reply, 201, 'logout-ok');
   });
 

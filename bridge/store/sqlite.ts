@@ -154,9 +154,11 @@ export class SqliteStore implements BridgeStore {
         'INSERT INTO tokens (hash, kind, user_id, expires_at) VALUES (@hash, @kind, @userId, @expiresAt)',
       ),
       takeToken: db.prepare<
-        [string, string, number],
+        [string, string, number, number | null],
         { hash: string; kind: TokenKind; user_id: number; expires_at: number }
-      >('DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? RETURNING *'),
+      >(
+        'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
+      ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
     };
   }
@@ -271,8 +273,8 @@ export class SqliteStore implements BridgeStore {
     this.s.insToken.run({ ...t });
   }
 
-  takeToken(hash: string, kind: TokenKind, now: number): Token | undefined {
-    const r = this.s.takeToken.get(hash, kind, now);
+  takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Token | undefined {
+    const r = this.s.takeToken.get(hash, kind, now, userId ?? null);
     return r && { hash: r.hash, kind: r.kind, userId: r.user_id, expiresAt: r.expires_at };
   }
 

@@ -108,8 +108,11 @@ export interface BridgeStore {
   pruneSessions(idleBefore: number, createdBefore: number): number;
 
   createToken(t: Token): void;
-  /** Uses a token once: returns it and removes it when it exists, has the kind and has not expired. */
-  takeToken(hash: string, kind: TokenKind, now: number): Token | undefined;
+  /**
+   * Uses a token once: returns it and removes it when it exists, has the kind, has not expired and, when
+   * `userId` is given, belongs to that user (a token presented for someone else stays usable by its owner).
+   */
+  takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Token | undefined;
   deleteTokensOfUser(userId: number, kind: TokenKind): void;
 
   close(): void;

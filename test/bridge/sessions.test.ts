@@ -186,7 +186,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
   });
 
   describe('POST /0/session/logout', () => {
-    it('answers 201 logout-ok, clears the cookie, and the old cookie is then useless', async () => {
+    it('answers 201 logout-ok with a new anonymous session, and the old cookie is then useless', async () => {
       const b = await start();
       const c = b.client();
       await signup(c, 'alice@example.com');
@@ -194,17 +194,20 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
 
       const out = await c.post('/0/session/logout');
       expectToken(out, 201, 'logout-ok');
-      // The browser is told to forget the cookie, with the same attributes it was set with.
-      expect(out.sid?.value).toBe('');
-      expect(out.sid?.attrs.get('max-age')).toBe('0');
+      // Decision 1: a new id on logout, for a fresh anonymous session with the same attributes.
+      expect(out.sid?.value).toMatch(SID_SHAPE);
+      expect(`sid=${out.sid?.value}`).not.toBe(old);
       expect(out.sid?.attrs.get('path')).toBe('/');
-      expect(c.sid).toBeUndefined();
+      expect(out.sid?.attrs.has('httponly')).toBe(true);
+      // The new session is anonymous: no user behind it.
+      expectToken(await c.get('/0/user/'), 404, 'not found');
+      expectToken(await c.post('/0/session/'), 200, 'user-ok');
 
-      // A client that kept the old value anyway gets nothing from it.
+      // A client that kept the old value gets nothing from it.
       expectToken(await c.get('/0/user/', { cookie: old }), 404, 'not found');
       expectToken(await c.post('/0/user/', { cookie: old, form: { a: 'b' } }), 401, 'no-session');
       expectToken(await c.post('/0/session/logout', { cookie: old }), 400, 'logout-fail');
-      // The state table: after logout there is no session, so POST /0/session/ makes a new one.
+      // The state table: for the old cookie there is no session, so POST /0/session/ makes a new one.
       expectToken(await c.post('/0/session/', { cookie: old }), 201, 'user-ok');
     });
 
@@ -213,8 +216,9 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       const c = b.client();
       expectToken(await c.post('/0/session/logout'), 400, 'logout-fail');
       await c.post('/0/session/');
+      const anon = `sid=${c.sid}`;
       expectToken(await c.post('/0/session/logout'), 201, 'logout-ok');
-      expectToken(await c.post('/0/session/logout'), 400, 'logout-fail');
+      expectToken(await c.post('/0/session/logout', { cookie: anon }), 400, 'logout-fail');
       expectToken(
         await c.post('/0/session/logout', { cookie: `sid=${randomBytes(32).toString('base64url')}` }),
         400,
@@ -355,10 +359,11 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       expect(signed).not.toBe(anon2);
       expectToken(await d.post('/0/session/logout', { cookie: `sid=${anon2}` }), 400, 'logout-fail');
 
-      // Logout: the id is gone and no other takes its place until the client asks.
+      // Logout: the id is gone and a new anonymous one takes its place.
       expectToken(await d.post('/0/session/logout'), 201, 'logout-ok');
       expectToken(await d.get('/0/user/', { cookie: `sid=${signed}` }), 404, 'not found');
-      expect(d.sid).toBeUndefined();
+      expect(d.sid).toMatch(SID_SHAPE);
+      expect(d.sid).not.toBe(signed);
     });
 
     it('is stored only as its hash: the raw value is nowhere in the SQLite files nor in the log', async () => {
