@@ -160,11 +160,16 @@ function routes(config: BridgeConfig): Route[] {
       operationId: 'logout',
       tag: 'Session',
       summary: 'Log out',
-      description: 'Ends the session of the cookie; the cookie is cleared and can no longer be used.',
+      description:
+        'Ends the session of the cookie (its id can no longer be used) and starts a fresh anonymous session.',
       session: 'required',
       body: 'NoForm',
       responses: {
-        201: { description: 'Session ended; cookie cleared.', tokens: ['logout-ok'], setsCookie: true },
+        201: {
+          description: 'Session ended; the cookie of a new anonymous session is set.',
+          tokens: ['logout-ok'],
+          setsCookie: true,
+        },
         400: {
           description: 'No valid session for the cookie in this frontend, or a malformed body.',
           tokens: [token('logout-fail')],
@@ -451,7 +456,7 @@ export function buildOpenApi(config: BridgeConfig): Json {
       },
       headers: {
         SetSessionCookie: {
-          description: `\`${COOKIE_NAME}=<value>; Max-Age=${maxAge}; Path=/; HttpOnly; SameSite=Lax\`, plus \`; Secure\` over TLS. On logout the value is empty and \`Max-Age=0\`.`,
+          description: `\`${COOKIE_NAME}=<value>; Max-Age=${maxAge}; Path=/; HttpOnly; SameSite=Lax\`, plus \`; Secure\` over TLS.`,
           schema: { type: 'string' },
         },
         RetryAfter: { description: 'Seconds to wait.', schema: { type: 'integer', minimum: 1 } },
