@@ -43,9 +43,21 @@ export type AgentRuntime = 'dist' | 'source';
  * tsx) only when there is no output at all.
  */
 export function prepareAgent(preferSource: boolean): { runtime: AgentRuntime; note: string } {
+  return prepareDist('dist/agent/main.js', AGENT_SOURCES, preferSource);
+}
+
+/**
+ * The same for any compiled entry point (relative to the repository) built from the `.ts` files under
+ * `sources`: `npm run build` when the entry is missing or older than any of them.
+ */
+export function prepareDist(
+  entry: string,
+  sources: readonly string[],
+  preferSource: boolean,
+): { runtime: AgentRuntime; note: string } {
   if (preferSource) return { runtime: 'source', note: 'running the TypeScript source through tsx (--source)' };
-  const main = join(ROOT, 'dist/agent/main.js');
-  const sourceTime = Math.max(...AGENT_SOURCES.map((d) => newestMtime(join(ROOT, d))));
+  const main = join(ROOT, entry);
+  const sourceTime = Math.max(...sources.map((d) => newestMtime(join(ROOT, d))));
   if (existsSync(main) && statSync(main).mtimeMs >= sourceTime) return { runtime: 'dist', note: 'dist/ is current' };
   console.error(existsSync(main) ? 'dist/ is older than the source: npm run build' : 'no dist/: npm run build');
   const build = spawnSync('npm', ['run', 'build'], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'] });
@@ -54,7 +66,7 @@ export function prepareAgent(preferSource: boolean): { runtime: AgentRuntime; no
       ? { runtime: 'dist', note: 'built dist/ for this run' }
       : { runtime: 'dist', note: 'npm run build reported errors; using the JavaScript it emitted' };
   }
-  return { runtime: 'source', note: 'npm run build produced no dist/agent/main.js; running the source through tsx' };
+  return { runtime: 'source', note: `npm run build produced no ${entry}; running the source through tsx` };
 }
 
 /**
@@ -126,7 +138,8 @@ export function spawnAgentProcess(opts: AgentProcessOptions, cleanup: Cleanup): 
   return { pid: proc.pid!, nodeArgs, socket: join(opts.stateDir, 'agent.sock'), output: () => out, stop };
 }
 
-async function stopChild(proc: ChildProcess, graceMs: number): Promise<void> {
+/** SIGTERM, then SIGKILL if the child has not exited within `graceMs`. */
+export async function stopChild(proc: ChildProcess, graceMs: number): Promise<void> {
   if (proc.exitCode !== null || proc.signalCode !== null) return;
   const exited = new Promise<void>((res) => proc.once('exit', () => res()));
   proc.kill('SIGTERM');
@@ -212,7 +225,8 @@ export async function startBenchBroker(kind: BenchBrokerKind, cleanup: Cleanup):
   return { kind, url: `mqtt://127.0.0.1:${port}` };
 }
 
-function canConnect(port: number): Promise<boolean> {
+/** Whether something accepts TCP connections on 127.0.0.1:`port`. */
+export function canConnect(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const s = netConnect(port, '127.0.0.1');
     s.once('connect', () => {
