@@ -171,10 +171,11 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     }
     req.frontend = resolved.frontend;
     req.frontendSource = resolved.source;
-    const session = readSession(req, deps.store, config, now());
-    if (session && session.frontendId === req.frontend.id) {
+    const found = readSession(req, deps.store, config, now());
+    if (found && found.session.frontendId === req.frontend.id) {
+      const session = found.session;
       req.session = session;
-      if (session.userId !== null) req.user = deps.store.userById(session.userId);
+      req.user = found.user;
       // Sliding idle timeout (decision 2), written at most once a minute per session and without fsync: losing
       // a touch only makes a session look a minute older.
       if (now() - session.lastSeenAt > 60_000) {

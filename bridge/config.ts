@@ -79,7 +79,7 @@ export const BridgeConfigSchema = z
         scryptP: z.number().int().min(1).max(16).default(1),
         /** Hashes computed at once; the rest wait in a bounded queue. */
         hashConcurrency: z.number().int().min(1).max(64).default(1),
-        hashQueue: z.number().int().min(1).max(100_000).default(256),
+        hashQueue: z.number().int().min(1).max(100_000).default(32),
         /** Decision 6: confirmation links live 7 days; recovery links one hour. */
         confirmTokenHours: z.number().min(0.01).max(8760).default(168),
         recoverTokenHours: z.number().min(0.01).max(8760).default(1),

@@ -6,7 +6,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { BridgeConfig } from '../config.js';
-import type { BridgeStore, Session } from '../store/types.js';
+import type { BridgeStore, Session, User } from '../store/types.js';
 
 export const COOKIE_NAME = 'sid';
 const DAY_MS = 86_400_000;
@@ -31,20 +31,21 @@ export function cookieValue(req: FastifyRequest): string | undefined {
   return undefined;
 }
 
-/** The request's session, if its cookie names one that has not expired. */
+/** The request's session and its user, if its cookie names a session that has not expired. */
 export function readSession(
   req: FastifyRequest,
   store: BridgeStore,
   config: BridgeConfig,
   now: number,
-): Session | undefined {
+): { session: Session; user: User | undefined } | undefined {
   const value = cookieValue(req);
   if (value === undefined) return undefined;
-  const s = store.session(hashSecretValue(value));
-  if (!s) return undefined;
+  const found = store.sessionWithUser(hashSecretValue(value));
+  if (!found) return undefined;
+  const s = found.session;
   if (now - s.lastSeenAt > config.sessions.idleDays * DAY_MS) return undefined;
   if (now - s.createdAt > config.sessions.absoluteDays * DAY_MS) return undefined;
-  return s;
+  return found;
 }
 
 /** A fresh session id: the cookie value and the hash that is stored. */

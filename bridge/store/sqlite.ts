@@ -116,10 +116,26 @@ const toSession = (r: SessionRow): Session => ({
   lastSeenAt: r.last_seen_at,
 });
 
+/** Sessions (with their users) kept in memory for the check every request makes. */
+const SESSION_CACHE_MAX = 10_000;
+/** How often the frontends are checked for changes made by another process (the admin CLI). */
+const FRONTEND_RECHECK_MS = 1000;
+
+/**
+ * Only one bridge process writes a data directory's sessions and users, so what this store keeps in memory of
+ * them is current: every write through it drops what it touches. Frontends may also be changed by the admin CLI
+ * in another process; `PRAGMA data_version` tells when, checked at most once a second.
+ */
 export class SqliteStore implements BridgeStore {
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   private readonly s;
+  private frontendById = new Map<string, Frontend>();
+  private defaultFrontendId: string | undefined;
+  private frontendsCheckedAt = -Infinity;
+  private dataVersion = -1;
+  private readonly sessions = new Map<string, { session: Session; user: User | undefined }>();
+  private readonly sessionsOfUser = new Map<number, Set<string>>();
 
   constructor(dataDir: string) {
     this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
@@ -168,6 +184,7 @@ export class SqliteStore implements BridgeStore {
   }
 
   createFrontend(f: Frontend): void {
+    this.frontendsChanged();
     this.s.insFrontend.run({
       id: f.id,
       name: f.name,
@@ -178,6 +195,7 @@ export class SqliteStore implements BridgeStore {
   }
 
   setDefaultFrontend(id: string): boolean {
+    this.frontendsChanged();
     return this.db.transaction(() => {
       if (!this.s.frontend.get(id)) return false;
       this.db.prepare('UPDATE frontends SET is_default = (id = ?)').run(id);
@@ -186,13 +204,31 @@ export class SqliteStore implements BridgeStore {
   }
 
   frontend(id: string): Frontend | undefined {
-    const r = this.s.frontend.get(id);
-    return r && toFrontend(r);
+    this.refreshFrontends();
+    return this.frontendById.get(id);
   }
 
   defaultFrontend(): Frontend | undefined {
-    const r = this.s.defaultFrontend.get();
-    return r && toFrontend(r);
+    this.refreshFrontends();
+    return this.defaultFrontendId === undefined ? undefined : this.frontendById.get(this.defaultFrontendId);
+  }
+
+  private refreshFrontends(force = false): void {
+    const t = performance.now();
+    if (!force && t - this.frontendsCheckedAt < FRONTEND_RECHECK_MS) return;
+    this.frontendsCheckedAt = t;
+    const version = this.db.pragma('data_version', { simple: true }) as number;
+    if (!force && version === this.dataVersion) return;
+    this.dataVersion = version;
+    const all = this.s.frontends.all().map(toFrontend);
+    this.frontendById = new Map(all.map((f) => [f.id, f]));
+    this.defaultFrontendId = all.find((f) => f.isDefault)?.id;
+  }
+
+  /** After this process changed frontends: read them again at the next lookup. */
+  private frontendsChanged(): void {
+    this.frontendsCheckedAt = -Infinity;
+    this.dataVersion = -1;
   }
 
   frontends(): Frontend[] {
@@ -200,6 +236,7 @@ export class SqliteStore implements BridgeStore {
   }
 
   setFrontendConfig(id: string, config: ProductConfig, name?: string): boolean {
+    this.frontendsChanged();
     return this.s.setFrontend.run(JSON.stringify(config), name ?? null, id).changes > 0;
   }
 
@@ -224,6 +261,7 @@ export class SqliteStore implements BridgeStore {
   }
 
   updateUser(id: number, patch: UserPatch): void {
+    this.forgetUser(id);
     const cols: string[] = [];
     const values: unknown[] = [];
     const map: Record<keyof UserPatch, string> = {
@@ -253,19 +291,56 @@ export class SqliteStore implements BridgeStore {
     return r && toSession(r);
   }
 
+  sessionWithUser(idHash: string): { session: Session; user: User | undefined } | undefined {
+    const hit = this.sessions.get(idHash);
+    if (hit) return hit;
+    // Read outside any transaction (requests are checked before their work starts), so what is kept is committed.
+    const session = this.session(idHash);
+    if (!session) return undefined;
+    const entry = { session, user: session.userId === null ? undefined : this.userById(session.userId) };
+    if (this.sessions.size >= SESSION_CACHE_MAX) this.forgetSession(this.sessions.keys().next().value!);
+    this.sessions.set(idHash, entry);
+    if (session.userId !== null) {
+      let set = this.sessionsOfUser.get(session.userId);
+      if (!set) this.sessionsOfUser.set(session.userId, (set = new Set()));
+      set.add(idHash);
+    }
+    return entry;
+  }
+
+  private forgetSession(idHash: string): void {
+    const entry = this.sessions.get(idHash);
+    if (!entry) return;
+    this.sessions.delete(idHash);
+    const uid = entry.session.userId;
+    if (uid === null) return;
+    const set = this.sessionsOfUser.get(uid);
+    set?.delete(idHash);
+    if (set?.size === 0) this.sessionsOfUser.delete(uid);
+  }
+
+  private forgetUser(userId: number): void {
+    for (const h of [...(this.sessionsOfUser.get(userId) ?? [])]) this.forgetSession(h);
+  }
+
   touchSession(idHash: string, now: number): void {
+    this.forgetSession(idHash);
     this.s.touchSession.run(now, idHash);
   }
 
   deleteSession(idHash: string): boolean {
+    this.forgetSession(idHash);
     return this.s.delSession.run(idHash).changes > 0;
   }
 
   deleteSessionsOfUser(userId: number): number {
+    this.forgetUser(userId);
     return this.s.delUserSessions.run(userId).changes;
   }
 
   pruneSessions(idleBefore: number, createdBefore: number): number {
+    this.sessions.clear();
+    this.sessionsOfUser.clear();
     return this.s.pruneSessions.run(idleBefore, createdBefore).changes;
   }
 

@@ -101,6 +101,11 @@ export interface BridgeStore {
 
   createSession(s: Session): void;
   session(idHash: string): Session | undefined;
+  /**
+   * The session and its user, for the check every request makes. An implementation may answer it from memory:
+   * every write to sessions and users through this store keeps such an answer current.
+   */
+  sessionWithUser(idHash: string): { session: Session; user: User | undefined } | undefined;
   touchSession(idHash: string, now: number): void;
   deleteSession(idHash: string): boolean;
   deleteSessionsOfUser(userId: number): number;

@@ -3,6 +3,7 @@
  * wrong login, and the removal of expired sessions.
  */
 import { afterEach, describe, expect, it } from 'vitest';
+import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { type TestBridge, startTestBridge } from '../support/bridge.js';
 
 const PASSWORD = 'correct horse battery';
@@ -46,6 +47,31 @@ describe('bridge edges', () => {
       .client()
       .post('/0/session/login', { form: { login: 'ann@example.com', password: 'new password 2' } });
     expect(login.body).toBe('login-ok');
+  });
+
+  it('sees a frontend changed by another process (the admin CLI) without a restart', async () => {
+    b = await startTestBridge();
+    const f = b.addFrontend({ confirmationEmail: true });
+    const c = b.client();
+    expect(
+      (await c.post(`/0/session/signup?app=${f.id}`, { form: { login: 'a@example.com', password: PASSWORD } })).status,
+    ).toBe(201);
+    expect(b.sink.events('mail.outbox')).toHaveLength(1);
+    // The CLI opens the same database in its own process; a second store stands for it here.
+    const cli = new SqliteStore(b.dataDir);
+    cli.setFrontendConfig(f.id, { ...f.config, confirmationEmail: false });
+    cli.close();
+    // The bridge checks for such changes at most once a second: wait, on the real clock, until it sees it.
+    const deadline = Date.now() + 10_000;
+    while (b.store.frontend(f.id)?.config.confirmationEmail !== false) {
+      if (Date.now() > deadline) throw new Error('the change was never seen');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(
+      (await b.client().post(`/0/session/signup?app=${f.id}`, { form: { login: 'b@example.com', password: PASSWORD } }))
+        .status,
+    ).toBe(201);
+    expect(b.sink.events('mail.outbox')).toHaveLength(1);
   });
 
   it('prunes sessions past their idle time or their lifetime, and keeps live ones', async () => {
