@@ -191,7 +191,10 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     if (isApiError(err)) {
       const e = ERRORS[err.code];
       if (err.retryAfterMs !== undefined) reply.header('retry-after', Math.max(1, Math.ceil(err.retryAfterMs / 1000)));
-      if (e.status >= 500) log.error({ event: 'http.failed', route: req.routeOptions.url, code: err.code });
+      // A full hashing queue is the bridge shedding load as designed, not a fault: one line per refusal at
+      // error level would flood the log exactly when it is busiest.
+      if (err.code === 'busy') log.debug({ event: 'http.busy', route: req.routeOptions.url });
+      else if (e.status >= 500) log.error({ event: 'http.failed', route: req.routeOptions.url, code: err.code });
       return send(reply, e.status, e.body);
     }
     const status = err.statusCode ?? 500;
