@@ -7,7 +7,7 @@ import { arch } from 'node:os';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
-import { LOG_LEVELS } from '../lib/log.js';
+import { LogConfigSchema } from '../lib/log.js';
 import { MAX_VALUE_BYTES } from '../protocol/index.js';
 
 const mqttUrl = z
@@ -78,13 +78,7 @@ export const AgentConfigSchema = z
       })
       .strict()
       .prefault({}),
-    log: z
-      .object({
-        level: z.enum(LOG_LEVELS).default('info'),
-        pretty: z.enum(['auto', 'always', 'never']).default('auto'),
-      })
-      .strict()
-      .prefault({}),
+    log: LogConfigSchema,
     store: z
       .object({
         /** Rows of local variable history kept; older ones are pruned. */

@@ -186,6 +186,16 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   }
 }
 
+/** The password hasher the config asks for. */
+export function hasherFor(config: BridgeConfig): PasswordHasher {
+  const a = config.accounts;
+  return new PasswordHasher({
+    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
+    maxConcurrent: a.hashConcurrency,
+    maxQueued: a.hashQueue,
+  });
+}
+
 export interface RunningBridge {
   app: FastifyInstance;
   broker: EmbeddedBroker | undefined;
@@ -202,12 +212,7 @@ export async function startBridge(
 ): Promise<RunningBridge> {
   const store = new SqliteStore(config.dataDir);
   const defaultFrontend = ensureDefaultFrontend(store, Date.now());
-  const a = config.accounts;
-  const hasher = new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: a.hashConcurrency,
-    maxQueued: a.hashQueue,
-  });
+  const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const app = buildApp({ config, store, hasher, mailer, log });
   let broker: EmbeddedBroker | undefined;

@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
-import { LOG_LEVELS } from '../lib/log.js';
+import { LogConfigSchema } from '../lib/log.js';
 import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
@@ -107,13 +107,7 @@ export const BridgeConfigSchema = z
       .prefault({}),
     /** Decision 20: SMTP when `smtp` is set; otherwise mails go to `outboxDir` (default `<dataDir>/outbox`). */
     mail: MailConfigSchema.extend({ outboxDir: z.string().min(1).optional() }).prefault({}),
-    log: z
-      .object({
-        level: z.enum(LOG_LEVELS).default('info'),
-        pretty: z.enum(['auto', 'always', 'never']).default('auto'),
-      })
-      .strict()
-      .prefault({}),
+    log: LogConfigSchema,
   })
   .strict();
 

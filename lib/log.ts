@@ -4,12 +4,22 @@
  */
 import { createRequire } from 'node:module';
 import { pino, type Logger } from 'pino';
+import { z } from 'zod';
 import type PinoPretty from 'pino-pretty';
 
 export type { Logger } from 'pino';
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];
+
+/** The `log` section of a program's config: the level and when to print for people rather than journald. */
+export const LogConfigSchema = z
+  .object({
+    level: z.enum(LOG_LEVELS).default('info'),
+    pretty: z.enum(['auto', 'always', 'never']).default('auto'),
+  })
+  .strict()
+  .prefault({});
 
 /**
  * Keys whose values never reach a log, wherever they appear (top level or one object down). Authcodes are

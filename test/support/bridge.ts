@@ -12,9 +12,8 @@ import https from 'node:https';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
-import { PasswordHasher } from '../../bridge/accounts/password.js';
 import { buildApp } from '../../bridge/app.js';
-import { ensureDefaultFrontend } from '../../bridge/cli.js';
+import { ensureDefaultFrontend, hasherFor } from '../../bridge/cli.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
@@ -277,12 +276,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
   const store = new SqliteStore(dataDir);
   const defaultFrontend = ensureDefaultFrontend(store, clock.now());
-  const a = config.accounts;
-  const hasher = new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: a.hashConcurrency,
-    maxQueued: a.hashQueue,
-  });
+  const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const app = buildApp({ config, store, hasher, mailer, log, now: clock.now });
   let url: string | undefined;
