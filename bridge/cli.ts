@@ -10,7 +10,7 @@ import { createLogger } from '../lib/log.js';
 import { VERSION } from '../lib/version.js';
 import { PasswordHasher } from './accounts/password.js';
 import { buildApp } from './app.js';
-import { EmbeddedBroker, MemoryCredentials } from './broker.js';
+import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
@@ -228,7 +228,7 @@ export async function startBridge(
         host: config.host,
         port: config.mqtt.port,
         openEnrolment: config.mqtt.openEnrolment,
-        credentials: new MemoryCredentials(),
+        credentials: store,
         log,
       });
     } catch (err) {

@@ -1,6 +1,7 @@
 /** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
 import { join } from 'node:path';
 import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
+import type { DeviceCredentials } from '../broker.js';
 import {
   type BridgeStore,
   type Frontend,
@@ -53,6 +54,16 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
         expires_at INTEGER NOT NULL
       ) WITHOUT ROWID;
       CREATE INDEX tokens_user ON tokens (user_id, kind);
+    `);
+  },
+  (db) => {
+    // Devices known to the broker: the hash of the secret each one enrolled or was provisioned with.
+    db.exec(`
+      CREATE TABLE devices (
+        id          TEXT PRIMARY KEY,
+        secret_hash TEXT NOT NULL,
+        enrolled_at INTEGER NOT NULL
+      ) WITHOUT ROWID;
     `);
   },
 ];
@@ -126,7 +137,7 @@ const FRONTEND_RECHECK_MS = 1000;
  * them is current: every write through it drops what it touches. Frontends may also be changed by the admin CLI
  * in another process; `PRAGMA data_version` tells when, checked at most once a second.
  */
-export class SqliteStore implements BridgeStore {
+export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   private readonly s;
@@ -176,6 +187,10 @@ export class SqliteStore implements BridgeStore {
         'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
       ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
+      deviceSecret: db.prepare<[string], { secret_hash: string }>('SELECT secret_hash FROM devices WHERE id = ?'),
+      enrollDevice: db.prepare(
+        'INSERT INTO devices (id, secret_hash, enrolled_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING',
+      ),
     };
   }
 
@@ -355,6 +370,20 @@ export class SqliteStore implements BridgeStore {
 
   deleteTokensOfUser(userId: number, kind: TokenKind): void {
     this.s.delUserTokens.run(userId, kind);
+  }
+
+  // ---- device credentials (the embedded broker's enrolment) ----
+
+  secretHash(deviceId: string): string | undefined {
+    return this.s.deviceSecret.get(deviceId)?.secret_hash;
+  }
+
+  /**
+   * Trust on first use: the first secret a device presents is kept. Written at once and durably (the broker
+   * accepts the connection only after this returns), so that a restart cannot let another secret in.
+   */
+  enroll(deviceId: string, secretHash: string): void {
+    this.s.enrollDevice.run(deviceId, secretHash, Date.now());
   }
 
   close(): void {
