@@ -7,7 +7,7 @@ import { arch } from 'node:os';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
-import { LogConfigSchema } from '../lib/log.js';
+import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
 import { MAX_VALUE_BYTES } from '../protocol/index.js';
 
 const mqttUrl = z
@@ -178,22 +178,7 @@ export const AGENT_OPTIONS: readonly OptionSpec[] = [
     arg: 'PATH',
     help: 'Unix socket of the local interface',
   },
-  {
-    key: 'log.level',
-    flag: '--log-level',
-    env: 'DEVCLOUD_LOG_LEVEL',
-    kind: 'string',
-    arg: 'LEVEL',
-    help: 'fatal, error, warn, info, debug, trace or silent',
-  },
-  {
-    key: 'log.pretty',
-    flag: '--log-pretty',
-    env: 'DEVCLOUD_LOG_PRETTY',
-    kind: 'string',
-    arg: 'WHEN',
-    help: 'auto, always or never',
-  },
+  ...LOG_OPTIONS,
   {
     key: 'platform',
     flag: '--platform',

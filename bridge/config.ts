@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
-import { LogConfigSchema } from '../lib/log.js';
+import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
 import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
@@ -202,22 +202,7 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     arg: 'BOOL',
     help: 'enrol unknown devices on first connect',
   },
-  {
-    key: 'log.level',
-    flag: '--log-level',
-    env: 'DEVCLOUD_LOG_LEVEL',
-    kind: 'string',
-    arg: 'LEVEL',
-    help: 'fatal, error, warn, info, debug, trace or silent',
-  },
-  {
-    key: 'log.pretty',
-    flag: '--log-pretty',
-    env: 'DEVCLOUD_LOG_PRETTY',
-    kind: 'string',
-    arg: 'WHEN',
-    help: 'auto, always or never',
-  },
+  ...LOG_OPTIONS,
 ];
 
 export function defaultDataDir(env: NodeJS.ProcessEnv): string {

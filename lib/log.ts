@@ -5,6 +5,7 @@
 import { createRequire } from 'node:module';
 import { pino, type Logger } from 'pino';
 import { z } from 'zod';
+import type { OptionSpec } from './config.js';
 import type PinoPretty from 'pino-pretty';
 
 export type { Logger } from 'pino';
@@ -42,6 +43,26 @@ export const REDACT_PATHS = [
   '*.authcode',
   'req.headers.cookie',
   'req.headers.authorization',
+];
+
+/** The log settings every program takes from flags and the environment. */
+export const LOG_OPTIONS: readonly OptionSpec[] = [
+  {
+    key: 'log.level',
+    flag: '--log-level',
+    env: 'DEVCLOUD_LOG_LEVEL',
+    kind: 'string',
+    arg: 'LEVEL',
+    help: 'fatal, error, warn, info, debug, trace or silent',
+  },
+  {
+    key: 'log.pretty',
+    flag: '--log-pretty',
+    env: 'DEVCLOUD_LOG_PRETTY',
+    kind: 'string',
+    arg: 'WHEN',
+    help: 'auto, always or never',
+  },
 ];
 
 export interface LogOptions {
