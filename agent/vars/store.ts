@@ -91,15 +91,6 @@ export interface PageKey {
 
 export type RemoteOutcome = 'applied' | 'duplicate' | 'older';
 
-export interface HistoryEntry {
-  id: number;
-  type: VarType;
-  name: string;
-  value: Buffer | null;
-  time: number;
-  origin: Origin;
-}
-
 export class VarStore {
   private readonly stmts;
   private historyInserts = 0;
@@ -149,13 +140,6 @@ export class VarStore {
       countUnsynced: db.prepare<[], { n: number }>('SELECT count(*) AS n FROM vars WHERE syncacked < synced'),
       history: db.prepare('INSERT INTO history (type, name, value, time, origin) VALUES (?, ?, ?, ?, ?)'),
       prune: db.prepare('DELETE FROM history WHERE id <= (SELECT max(id) FROM history) - ?'),
-      recent: db.prepare<[VarType, string, number], HistoryEntry>(
-        'SELECT * FROM history WHERE type = ? AND name = ? ORDER BY id DESC LIMIT ?',
-      ),
-      kvGet: db.prepare<[string], { value: string }>('SELECT value FROM kv WHERE key = ?'),
-      kvSet: db.prepare(
-        'INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value',
-      ),
     };
   }
 
@@ -273,18 +257,6 @@ export class VarStore {
 
   pendingCounts(): { pushes: number; syncs: number } {
     return { pushes: this.stmts.countUnacked.get()!.n, syncs: this.stmts.countUnsynced.get()!.n };
-  }
-
-  recentHistory(type: VarType, name: string, limit: number): HistoryEntry[] {
-    return this.stmts.recent.all(type, name, limit);
-  }
-
-  kvGet(key: string): string | undefined {
-    return this.stmts.kvGet.get(key)?.value;
-  }
-
-  kvSet(key: string, value: string): void {
-    this.stmts.kvSet.run(key, value);
   }
 
   private write(rec: VarRecord): void {
