@@ -12,6 +12,8 @@ import type { PasswordHasher } from './accounts/password.js';
 import { RateLimiter } from './accounts/ratelimit.js';
 import { registerAccountRoutes } from './accounts/routes.js';
 import type { BridgeConfig } from './config.js';
+import { registerDeviceRoutes } from './devices/routes.js';
+import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
 import type { Mailer } from './mail/mailer.js';
@@ -43,6 +45,8 @@ export interface AppDeps {
   mailer: Mailer;
   log: Logger;
   now?: () => number;
+  /** The devices' side; without it the app makes one that reaches no broker (changes wait for catch-up). */
+  devices?: DeviceService;
 }
 
 /** What every route module gets. */
@@ -53,6 +57,7 @@ export interface RouteContext {
   mailer: Mailer;
   log: Logger;
   now: () => number;
+  devices: DeviceService;
   limits: {
     loginByAddress: RateLimiter;
     loginByLogin: RateLimiter;
@@ -121,9 +126,19 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   }) as unknown as FastifyInstance;
 
   const rl = config.rateLimits;
+  const devices =
+    deps.devices ??
+    new DeviceService({
+      store: deps.store,
+      log,
+      now,
+      nearbyWindowMs: config.devices.nearbyWindowMs,
+      lastActivityMs: config.devices.lastActivityMs,
+    });
   const ctx: RouteContext = {
     ...deps,
     now,
+    devices,
     limits: {
       loginByAddress: new RateLimiter({ limit: rl.login.limit * 5, windowMs: rl.login.windowMs, now }),
       loginByLogin: new RateLimiter({ ...rl.login, now }),
@@ -215,6 +230,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   registerSessionRoutes(app, ctx);
   registerAccountRoutes(app, ctx);
   registerUserRoutes(app, ctx);
+  registerDeviceRoutes(app, ctx);
 
   // The API document describes routes, not a session: it is the same for every caller.
   const apiDocument = JSON.stringify(buildOpenApi(config));

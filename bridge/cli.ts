@@ -4,6 +4,7 @@
  * Exit codes: 0 success; 1 the operation failed; 2 usage or configuration error.
  */
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
 import { createLogger } from '../lib/log.js';
@@ -12,6 +13,8 @@ import { PasswordHasher } from './accounts/password.js';
 import { buildApp } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
+import { DeviceLink, safeBrokerUrl } from './devices/link.js';
+import { DeviceService } from './devices/service.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
 import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
@@ -199,6 +202,8 @@ export function hasherFor(config: BridgeConfig): PasswordHasher {
 export interface RunningBridge {
   app: FastifyInstance;
   broker: EmbeddedBroker | undefined;
+  link: DeviceLink;
+  devices: DeviceService;
   store: SqliteStore;
   url: string;
   defaultFrontend: Frontend;
@@ -214,15 +219,39 @@ export async function startBridge(
   const defaultFrontend = ensureDefaultFrontend(store, Date.now());
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-  const app = buildApp({ config, store, hasher, mailer, log });
+  const devices = new DeviceService({
+    store,
+    log,
+    now: Date.now,
+    nearbyWindowMs: config.devices.nearbyWindowMs,
+    lastActivityMs: config.devices.lastActivityMs,
+  });
+  const app = buildApp({ config, store, hasher, mailer, log, devices });
   let broker: EmbeddedBroker | undefined;
+  const fail = async (err: unknown): Promise<never> => {
+    await app.close();
+    await broker?.close();
+    await mailer.close();
+    store.close();
+    throw err;
+  };
+  let mqttPassword: string | undefined;
+  if (config.mqtt.passwordFile !== undefined) {
+    try {
+      mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
+    } catch (err) {
+      await fail(new Error(`cannot read the MQTT password file: ${(err as Error).message}`));
+    }
+  }
   try {
     await app.listen({ host: config.host, port: config.http.port });
   } catch (err) {
-    store.close();
-    throw portError(err, config.http.port, '--http-port');
+    await fail(portError(err, config.http.port, '--http-port'));
   }
   if (config.mqtt.url === undefined) {
+    // A new embedded broker has no device connected, whatever the database says from before.
+    const stale = await store.write(() => store.devices.markAllDisconnected(Date.now()), { durable: false });
+    if (stale > 0) log.info({ event: 'devices.marked_disconnected', count: stale });
     try {
       broker = await EmbeddedBroker.start({
         host: config.host,
@@ -232,10 +261,41 @@ export async function startBridge(
         log,
       });
     } catch (err) {
-      await app.close();
-      store.close();
-      throw portError(err, config.mqtt.port, '--mqtt-port');
+      await fail(portError(err, config.mqtt.port, '--mqtt-port'));
     }
+  }
+  const b = broker;
+  const link = new DeviceLink(
+    b
+      ? {
+          url: b.url,
+          clientId: b.bridgeClientId,
+          username: b.bridgeUsername,
+          password: b.bridgePassword,
+          persistent: false,
+          log,
+        }
+      : {
+          url: config.mqtt.url!,
+          clientId: config.mqtt.clientId,
+          username: config.mqtt.username,
+          password: mqttPassword,
+          caFile: config.mqtt.caFile,
+          persistent: true,
+          log,
+        },
+  );
+  devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
+  link.on('message', (msg) => void devices.handle(msg));
+  try {
+    await link.start(b ? 10_000 : 30_000);
+  } catch (err) {
+    if (b) {
+      await link.close();
+      await fail(err);
+    }
+    // An external broker may come later: the client keeps trying, and devices catch up when it does.
+    log.error({ event: 'mqtt.unreachable', url: safeBrokerUrl(config.mqtt.url!), err: (err as Error).message });
   }
   // Expired sessions can no longer be used; removing them keeps the table the size of the live ones.
   const DAY_MS = 86_400_000;
@@ -247,6 +307,10 @@ export async function startBridge(
       )
       .then((n) => n > 0 && log.info({ event: 'sessions.pruned', count: n }))
       .catch((err: unknown) => log.warn({ event: 'sessions.prune_failed', err: String(err) }));
+    devices
+      .prune(config.devices.historyDays)
+      .then((n) => (n.history > 0 || n.nearby > 0) && log.info({ event: 'devices.pruned', ...n }))
+      .catch((err: unknown) => log.warn({ event: 'devices.prune_failed', err: String(err) }));
   };
   prune();
   const pruneTimer = setInterval(prune, 3_600_000);
@@ -258,12 +322,15 @@ export async function startBridge(
   return {
     app,
     broker,
+    link,
+    devices,
     store,
     url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
     defaultFrontend,
     close: async () => {
       clearInterval(pruneTimer);
       await app.close();
+      await link.close();
       await broker?.close();
       await mailer.close();
       store.close();
@@ -295,7 +362,7 @@ async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
     event: 'bridge.started',
     version: VERSION,
     url: bridge.url,
-    mqtt: bridge.broker?.url ?? config.mqtt.url,
+    mqtt: bridge.broker?.url ?? safeBrokerUrl(config.mqtt.url!),
     defaultFrontend: bridge.defaultFrontend.id,
   });
   return new Promise<number>((resolve) => {

@@ -53,6 +53,34 @@ export const BridgeConfigSchema = z
         port: z.number().int().min(0).max(65535).default(1883),
         /** Embedded broker: enrol unknown devices on first connect (trust on first use). */
         openEnrolment: z.boolean().default(true),
+        /**
+         * External broker: the bridge's client id. Its session is persistent, so that the broker keeps what
+         * devices publish while the bridge restarts.
+         */
+        clientId: z.string().min(1).max(128).default('devcloud-bridge'),
+        /** External broker: the bridge's username, and a file holding its password (kept out of the config). */
+        username: z.string().min(1).optional(),
+        passwordFile: z.string().min(1).optional(),
+        /** External broker over TLS: the CA that signed its certificate (PEM). */
+        caFile: z.string().min(1).optional(),
+      })
+      .strict()
+      .prefault({}),
+    devices: z
+      .object({
+        /** Decision 18: a device is nearby a user that long after it heard one of the user's authcodes. */
+        nearbyWindowMs: z.number().int().min(1000).max(86_400_000).default(300_000),
+        /** History entries older than this many days are removed (hourly); 0 keeps them for good. */
+        historyDays: z.number().min(0).max(36500).default(90),
+        /** Decision 12: the largest variable value, bytes. */
+        maxValueBytes: z
+          .number()
+          .int()
+          .min(1)
+          .max(64 * 1024)
+          .default(64 * 1024),
+        /** `meta` `lastactivity` is written at most this often per device, ms. */
+        lastActivityMs: z.number().int().min(0).max(3_600_000).default(5000),
       })
       .strict()
       .prefault({}),
@@ -193,6 +221,30 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     kind: 'int',
     arg: 'N',
     help: 'port of the embedded MQTT broker (default 1883)',
+  },
+  {
+    key: 'mqtt.username',
+    flag: '--mqtt-username',
+    env: 'DEVCLOUD_MQTT_USERNAME',
+    kind: 'string',
+    arg: 'NAME',
+    help: 'username at the external broker',
+  },
+  {
+    key: 'mqtt.passwordFile',
+    flag: '--mqtt-password-file',
+    env: 'DEVCLOUD_MQTT_PASSWORD_FILE',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'file holding the password at the external broker',
+  },
+  {
+    key: 'mqtt.caFile',
+    flag: '--mqtt-ca',
+    env: 'DEVCLOUD_MQTT_CA',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'CA certificate of the external broker (PEM)',
   },
   {
     key: 'mqtt.openEnrolment',

@@ -20,6 +20,11 @@ export const ERRORS = {
   'user-data-fail': { status: 400, body: 'user-data-fail' },
   /** Decision 3: an endpoint that needs a session, called without a valid one. */
   'no-session': { status: 401, body: 'no-session' },
+  /** Decision 14: a device route with an unknown or invisible device or variable, on `GET`. */
+  'device-not-found': { status: 404, body: 'device-fail' },
+  /** The specification: a device or variable that could not be found, set or deleted; malformed input (decision 4). */
+  'device-fail': { status: 400, body: 'device-fail' },
+  'claim-fail': { status: 400, body: 'claim-fail' },
   'too-many-requests': { status: 429, body: 'too-many-requests' },
   /** The password hashing queue is full: try again shortly. */
   busy: { status: 503, body: 'busy' },

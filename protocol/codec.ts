@@ -87,3 +87,16 @@ export function ackFor(item: VarItem): AckItem {
   if (item.synced !== undefined) ack.synced = item.synced;
   return ack;
 }
+
+/** The version of a value: `(time, origin)` for a given variable (DESIGN section 3). */
+export interface Version {
+  time: number;
+  origin: 'device' | 'cloud';
+}
+
+/** Orders versions: later `time` wins, and on a tie the cloud wins (DESIGN section 3). Both sides use it. */
+export function compareVersions(a: Version, b: Version): number {
+  if (a.time !== b.time) return a.time < b.time ? -1 : 1;
+  if (a.origin === b.origin) return 0;
+  return a.origin === 'cloud' ? 1 : -1;
+}

@@ -10,7 +10,7 @@
  * caller's transaction (see GroupCommitter).
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
-import type { AckItem } from '../../protocol/index.js';
+import { type AckItem, type Version, compareVersions } from '../../protocol/index.js';
 
 export type VarType = 'd' | 's';
 export type Origin = 'device' | 'cloud';
@@ -27,17 +27,7 @@ export interface VarRecord {
   syncacked: number;
 }
 
-export interface Version {
-  time: number;
-  origin: Origin;
-}
-
-/** Orders versions: later `time` wins, and on a tie the cloud wins (DESIGN section 3). */
-export function compareVersions(a: Version, b: Version): number {
-  if (a.time !== b.time) return a.time < b.time ? -1 : 1;
-  if (a.origin === b.origin) return 0;
-  return a.origin === 'cloud' ? 1 : -1;
-}
+export { type Version, compareVersions };
 
 export const VAR_MIGRATIONS: readonly Migration[] = [
   (db) => {

@@ -2,6 +2,7 @@
 import { join } from 'node:path';
 import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
 import type { DeviceCredentials } from '../broker.js';
+import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import {
   type BridgeStore,
   type Frontend,
@@ -66,6 +67,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
       ) WITHOUT ROWID;
     `);
   },
+  DEVICE_MIGRATION,
 ];
 
 interface FrontendRow {
@@ -140,6 +142,7 @@ const FRONTEND_RECHECK_MS = 1000;
 export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly db: Db;
   private readonly commit: GroupCommitter;
+  readonly devices: DeviceStore;
   private readonly s;
   private frontendById = new Map<string, Frontend>();
   private defaultFrontendId: string | undefined;
@@ -152,6 +155,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
     this.commit = new GroupCommitter(this.db);
     const db = this.db;
+    this.devices = new DeviceStore(db);
     this.s = {
       insFrontend: db.prepare(
         'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',
@@ -187,10 +191,6 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
         'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
       ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
-      deviceSecret: db.prepare<[string], { secret_hash: string }>('SELECT secret_hash FROM devices WHERE id = ?'),
-      enrollDevice: db.prepare(
-        'INSERT INTO devices (id, secret_hash, enrolled_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING',
-      ),
     };
   }
 
@@ -375,7 +375,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   // ---- device credentials (the embedded broker's enrolment) ----
 
   secretHash(deviceId: string): string | undefined {
-    return this.s.deviceSecret.get(deviceId)?.secret_hash;
+    return this.devices.secretHash(deviceId);
   }
 
   /**
@@ -383,7 +383,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
    * accepts the connection only after this returns), so that a restart cannot let another secret in.
    */
   enroll(deviceId: string, secretHash: string): void {
-    this.s.enrollDevice.run(deviceId, secretHash, Date.now());
+    this.devices.enroll(deviceId, secretHash, Date.now());
   }
 
   close(): void {

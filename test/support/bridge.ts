@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
 import { buildApp } from '../../bridge/app.js';
-import { ensureDefaultFrontend, hasherFor } from '../../bridge/cli.js';
+import { type RunningBridge, ensureDefaultFrontend, hasherFor, startBridge } from '../../bridge/cli.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
@@ -320,6 +320,61 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
       await mailer.close();
       store.close();
       rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface LiveBridge {
+  bridge: RunningBridge;
+  config: BridgeConfig;
+  sink: LogSink;
+  dataDir: string;
+  /** The base URL of the listening HTTP server. */
+  url: string;
+  /** The MQTT URL devices connect to: the embedded broker's, or the external one. */
+  mqttUrl: string;
+  /** A new client with an empty cookie jar. */
+  client(): HttpClient;
+  /** Stops the bridge; the data directory stays unless `remove`. */
+  close(remove?: boolean): Promise<void>;
+}
+
+/**
+ * The whole bridge as `devcloud-bridge run` starts it (`startBridge`): HTTP on a free port, and the embedded
+ * broker on a free port unless `config.mqtt.url` names an external one. The real clock; scrypt at its cheapest.
+ */
+export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?: string } = {}): Promise<LiveBridge> {
+  const dataDir = opts.dataDir ?? tempDir('devcloud-bridge-');
+  const over = opts.config ?? {};
+  const config = BridgeConfigSchema.parse({
+    ...over,
+    dataDir,
+    http: { port: 0, ...over.http },
+    mqtt: { port: 0, ...over.mqtt },
+    accounts: { scryptLogN: 10, ...over.accounts },
+    rateLimits: {
+      login: { limit: 1000 },
+      signup: { limit: 1000 },
+      resend: { limit: 1000 },
+      recover: { limit: 1000 },
+      ...over.rateLimits,
+    },
+  });
+  const sink = new LogSink();
+  const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
+  const bridge = await startBridge(config, log);
+  const send = fetchSend(bridge.url);
+  return {
+    bridge,
+    config,
+    sink,
+    dataDir,
+    url: bridge.url,
+    mqttUrl: bridge.broker?.url ?? config.mqtt.url!,
+    client: () => new HttpClient(send),
+    async close(remove = true) {
+      await bridge.close();
+      if (remove) rmSync(dataDir, { recursive: true, force: true });
     },
   };
 }

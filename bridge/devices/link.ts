@@ -1,0 +1,170 @@
+/**
+ * The bridge's MQTT client (DESIGN section 4): one connection, to the embedded broker or to an external one
+ * (`--mqtt-url`), subscribed to what every device publishes. Each payload is validated with `protocol/`; a
+ * payload that fails is dropped with one warning line and a counter, never a crash.
+ *
+ * With an external broker the session is persistent (`clean: false`): the broker keeps what devices publish
+ * while the bridge restarts. The embedded broker starts and stops with the bridge, so there the session is clean.
+ */
+import { EventEmitter } from 'node:events';
+import { readFileSync } from 'node:fs';
+import type { Socket } from 'node:net';
+import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
+import type { Logger } from '../../lib/log.js';
+import {
+  ALL_DEVICES_UP_FILTERS,
+  type DownTopic,
+  type Payloads,
+  type UpTopic,
+  decode,
+  encode,
+  isUpTopic,
+  parseTopic,
+  topicFor,
+} from '../../protocol/index.js';
+
+export type UpMessage = { [K in UpTopic]: { deviceId: string; name: K; payload: Payloads[K] } }[UpTopic];
+
+export interface LinkOptions {
+  url: string;
+  clientId: string;
+  username?: string | undefined;
+  password?: string | undefined;
+  caFile?: string | undefined;
+  /** Persistent session at the broker. */
+  persistent: boolean;
+  log: Logger;
+}
+
+interface LinkEvents {
+  /** Connected and subscribed. */
+  up: [];
+  down: [];
+  message: [UpMessage];
+}
+
+/** The broker URL without credentials, for logs. */
+export function safeBrokerUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    u.username = '';
+    u.password = '';
+    return u.toString();
+  } catch {
+    return '(invalid url)';
+  }
+}
+
+export class DeviceLink extends EventEmitter<LinkEvents> {
+  private client: MqttClient | undefined;
+  private isUp = false;
+  /** Dropped payloads: `invalid` failed validation, `foreign` came on a topic outside the contract. */
+  readonly dropped = { invalid: 0, foreign: 0 };
+  /** Valid payloads received, by topic name. */
+  readonly received: Partial<Record<UpTopic, number>> = {};
+
+  constructor(private readonly opts: LinkOptions) {
+    super();
+  }
+
+  get connected(): boolean {
+    return this.isUp;
+  }
+
+  /** Connects; resolves at the first subscription, or rejects when `timeoutMs` passes first. */
+  start(timeoutMs: number): Promise<void> {
+    const o = this.opts;
+    const options: IClientOptions = {
+      clientId: o.clientId,
+      clean: !o.persistent,
+      reconnectPeriod: 1000,
+      connectTimeout: 10_000,
+      keepalive: 30,
+      resubscribe: true,
+      queueQoSZero: false,
+      writeCache: false,
+      ...(o.username === undefined ? {} : { username: o.username }),
+      ...(o.password === undefined ? {} : { password: o.password }),
+      ...(o.caFile === undefined ? {} : { ca: readFileSync(o.caFile) }),
+    };
+    const client = mqtt.connect(o.url, options);
+    this.client = client;
+    const where = safeBrokerUrl(o.url);
+    const ready = new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no connection to the MQTT broker at ${where}`)), timeoutMs);
+      timer.unref();
+      this.once('up', () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    client.on('connect', (connack) => {
+      (client.stream as Partial<Socket> | undefined)?.setNoDelay?.(true);
+      // A persistent session keeps its subscriptions; subscribing again is harmless and covers a broker that lost it.
+      client.subscribe([...ALL_DEVICES_UP_FILTERS], { qos: 1 }, (err, granted) => {
+        if (err || granted?.some((g) => g.qos === 128)) {
+          o.log.error({ event: 'mqtt.subscribe_failed', url: where, err: err?.message ?? 'refused by the broker' });
+          return;
+        }
+        this.isUp = true;
+        o.log.info({ event: 'mqtt.connected', url: where, sessionPresent: connack.sessionPresent });
+        this.emit('up');
+      });
+    });
+    client.on('message', (topic, payload) => this.onMessage(topic, payload));
+    client.on('error', (err) => o.log.warn({ event: 'mqtt.error', url: where, err: err.message }));
+    client.on('close', () => {
+      if (!this.isUp) return;
+      this.isUp = false;
+      o.log.warn({ event: 'mqtt.disconnected', url: where });
+      this.emit('down');
+    });
+    return ready;
+  }
+
+  /** Publishes at QoS 1; `false` when not connected (what was to be sent is in the store, and goes at catch-up). */
+  publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): boolean {
+    const client = this.client;
+    if (!this.isUp || !client) return false;
+    client.publish(topicFor(deviceId, name), encode(name, payload), { qos: 1 }, (err) => {
+      if (err) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, deviceId, err: err.message });
+    });
+    return true;
+  }
+
+  async close(): Promise<void> {
+    const client = this.client;
+    this.client = undefined;
+    this.isUp = false;
+    if (!client) return;
+    await new Promise<void>((resolve) => {
+      client.end(false, {}, () => resolve());
+      setTimeout(resolve, 1000).unref();
+    });
+    client.removeAllListeners();
+    client.on('error', () => undefined);
+  }
+
+  private onMessage(topic: string, payload: Buffer): void {
+    const parsed = parseTopic(topic);
+    if (!parsed || !isUpTopic(parsed.name)) {
+      this.dropped.foreign++;
+      this.opts.log.warn({ event: 'mqtt.drop', topic: topic.slice(0, 200), reason: 'not a device topic' });
+      return;
+    }
+    const decoded = decode(parsed.name, payload);
+    if (!decoded.ok) {
+      this.dropped.invalid++;
+      this.opts.log.warn({
+        event: 'mqtt.drop',
+        deviceId: parsed.deviceId,
+        topic: parsed.name,
+        reason: decoded.reason,
+        bytes: payload.length,
+      });
+      return;
+    }
+    this.received[parsed.name] = (this.received[parsed.name] ?? 0) + 1;
+    this.emit('message', { deviceId: parsed.deviceId, name: parsed.name, payload: decoded.value } as UpMessage);
+  }
+}

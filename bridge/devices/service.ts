@@ -1,0 +1,386 @@
+/**
+ * The cloud side of variable synchronisation (DESIGN sections 3 and 4) and of presence and nearby (section 5):
+ * what the bridge does with each message a device publishes, and with each change a user makes through the API.
+ *
+ * The rules are the agent's, seen from the cloud (docs/sync.md): a version is applied when it is newer; every
+ * item is acknowledged after its commit, a duplicate again; a cloud version stays pending (`acked < time`) until
+ * the device acknowledges it, and is pushed again on every hello until then; a sync has its own stamps.
+ */
+import type { Logger } from '../../lib/log.js';
+import {
+  type AckItem,
+  type DownTopic,
+  type HelloMessage,
+  type Payloads,
+  type StatePayload,
+  type VarItem,
+  type VarsMessage,
+  MAX_BATCH_ITEMS,
+  ackFor,
+  decodeValue,
+  messageId,
+  varItem,
+} from '../../protocol/index.js';
+import type { BridgeStore } from '../store/types.js';
+import { userOfAuthcode } from '../users/routes.js';
+import type { UpMessage } from './link.js';
+import type { VarRecord } from './store.js';
+
+/** How the service reaches devices: `false` when the message could not be handed to the broker. */
+export type SendDown = <K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]) => boolean;
+
+export interface DeviceServiceOptions {
+  store: BridgeStore;
+  log: Logger;
+  now: () => number;
+  /** Decision 18. */
+  nearbyWindowMs: number;
+  /** `meta` `lastactivity` is written at most this often per device. */
+  lastActivityMs: number;
+}
+
+/** `state` payloads as `meta` `state` values (decision 21). */
+const META_STATE: Record<StatePayload, string> = {
+  online: 'connected',
+  offline: 'disconnected',
+  sleeping: 'sleeping',
+};
+
+/** Rows read per page of a catch-up, and items per `down/` message. */
+const PAGE = 500;
+
+export interface DeviceCounters {
+  /** Messages handled, by topic. */
+  handled: number;
+  /** Hellos whose device id differs from the topic's. */
+  helloMismatch: number;
+  /** Hellos whose auth code another device already has. */
+  authcodeTaken: number;
+  /** Authcodes heard that match no user. */
+  heardUnknown: number;
+  /** Handling failed (a database error): logged, and the device's re-send will bring it again. */
+  failed: number;
+}
+
+export class DeviceService {
+  private send: SendDown = () => false;
+  private readonly activityWritten = new Map<string, number>();
+  readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
+
+  constructor(private readonly opts: DeviceServiceOptions) {}
+
+  get store(): BridgeStore {
+    return this.opts.store;
+  }
+
+  /** Connects the service to the MQTT side. */
+  attach(send: SendDown): void {
+    this.send = send;
+  }
+
+  // ---- messages from devices ----
+
+  /** Handles one validated message; never throws (a failure is logged and counted). */
+  handle(msg: UpMessage): Promise<void> {
+    this.counters.handled++;
+    let work: Promise<void>;
+    switch (msg.name) {
+      case 'state':
+        work = this.onState(msg.deviceId, msg.payload);
+        break;
+      case 'up/hello':
+        work = this.onHello(msg.deviceId, msg.payload);
+        break;
+      case 'up/vars':
+        work = this.onVars(msg.deviceId, msg.payload);
+        break;
+      case 'up/acks':
+        work = this.onAcks(msg.deviceId, msg.payload.acks);
+        break;
+      case 'up/meta':
+        work = this.onMeta(msg.deviceId, msg.payload.meta);
+        break;
+      case 'up/heard':
+        work = this.onHeard(msg.deviceId, msg.payload.heard);
+        break;
+      case 'up/cmd':
+        // Commands arrive with the command queue; until then a status report has nothing to update.
+        this.opts.log.debug({ event: 'cmd.status_ignored', deviceId: msg.deviceId, cmd: msg.payload.cmd });
+        work = this.touch(msg.deviceId);
+        break;
+    }
+    return work.catch((err: unknown) => {
+      this.counters.failed++;
+      this.opts.log.error({
+        event: 'device.message_failed',
+        deviceId: msg.deviceId,
+        topic: msg.name,
+        err: String(err),
+      });
+    });
+  }
+
+  /** Records that a device was heard from; `lastactivity` is written at most every `lastActivityMs`. */
+  private activity(deviceId: string, now: number): void {
+    const devices = this.opts.store.devices;
+    devices.touch(deviceId, now);
+    const last = this.activityWritten.get(deviceId) ?? -Infinity;
+    if (now - last < this.opts.lastActivityMs) return;
+    this.activityWritten.set(deviceId, now);
+    devices.setMeta(deviceId, 'lastactivity', String(now), now, 'server', false);
+  }
+
+  private touch(deviceId: string): Promise<void> {
+    const now = this.opts.now();
+    return this.opts.store.write(() => this.activity(deviceId, now), { durable: false });
+  }
+
+  private async onState(deviceId: string, state: StatePayload): Promise<void> {
+    const now = this.opts.now();
+    await this.opts.store.write(
+      () => {
+        const devices = this.opts.store.devices;
+        devices.touch(deviceId, now);
+        devices.setMeta(deviceId, 'state', META_STATE[state], now, 'server');
+        if (state === 'online') this.activity(deviceId, now);
+      },
+      { durable: false },
+    );
+    this.opts.log.info({ event: 'device.state', deviceId, state: META_STATE[state] });
+  }
+
+  private async onHello(deviceId: string, hello: HelloMessage): Promise<void> {
+    const log = this.opts.log;
+    if (hello.deviceId !== deviceId) {
+      this.counters.helloMismatch++;
+      log.warn({ event: 'mqtt.drop', deviceId, topic: 'up/hello', reason: 'hello names another device' });
+      return;
+    }
+    const now = this.opts.now();
+    const taken = await this.opts.store.write(() => {
+      const devices = this.opts.store.devices;
+      this.activity(deviceId, now);
+      const ok = devices.setAuthcode(deviceId, hello.authcode);
+      devices.setMeta(deviceId, 'unique', deviceId, now, 'device');
+      devices.setMeta(deviceId, 'platform', hello.platform, now, 'device');
+      devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
+      devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
+      devices.setMeta(deviceId, 'state', 'connected', now, 'server');
+      return !ok;
+    });
+    if (taken) {
+      this.counters.authcodeTaken++;
+      log.warn({ event: 'device.authcode_taken', deviceId, reason: 'another device has this auth code' });
+    }
+    log.info({ event: 'device.hello', deviceId, platform: hello.platform, mode: hello.mode });
+    this.catchUp(deviceId);
+  }
+
+  /** Sends again every cloud version and every sync the device has not acknowledged, a page at a time. */
+  catchUp(deviceId: string): number {
+    const devices = this.opts.store.devices;
+    let after = '';
+    let sent = 0;
+    for (;;) {
+      const page = devices.pending(deviceId, after, PAGE);
+      if (page.length === 0) break;
+      const items: VarItem[] = [];
+      for (const rec of page) {
+        if (rec.acked < rec.time) items.push(varItem(asVersion(rec), 'push'));
+        if (rec.syncacked < rec.synced) items.push(varItem(asVersion(rec), 'sync'));
+      }
+      if (!this.sendVars(deviceId, items)) return sent;
+      sent += items.length;
+      after = page[page.length - 1]!.name;
+      if (page.length < PAGE) break;
+    }
+    if (sent > 0) this.opts.log.info({ event: 'vars.catch_up', deviceId, items: sent });
+    return sent;
+  }
+
+  private async onVars(deviceId: string, msg: VarsMessage): Promise<void> {
+    const now = this.opts.now();
+    const repush: VarItem[] = [];
+    const acks = await this.opts.store.write(() => {
+      const devices = this.opts.store.devices;
+      this.activity(deviceId, now);
+      const out: AckItem[] = [];
+      for (const item of msg.items) {
+        const r = devices.applyFromDevice(
+          deviceId,
+          { type: item.type, name: item.name, value: decodeValue(item), time: item.time, origin: item.origin },
+          now,
+        );
+        // A device's sync says "this is what I hold": older than ours means it lost ours, which goes again.
+        if (r.outcome === 'older' && item.kind === 'sync' && item.type === 'd') {
+          devices.unack(deviceId, item.type, item.name);
+          repush.push(varItem(asVersion(r.held), 'push'));
+        }
+        out.push(ackFor(item));
+      }
+      return out;
+    });
+    for (let i = 0; i < acks.length; i += MAX_BATCH_ITEMS) {
+      this.send(deviceId, 'down/acks', { id: messageId(), acks: acks.slice(i, i + MAX_BATCH_ITEMS) });
+    }
+    if (repush.length > 0) this.sendVars(deviceId, repush);
+  }
+
+  private async onAcks(deviceId: string, acks: readonly AckItem[]): Promise<void> {
+    const now = this.opts.now();
+    // An acknowledgement stamp promises nothing to anyone: lost, it costs one more push of the same version.
+    await this.opts.store.write(
+      () => {
+        const devices = this.opts.store.devices;
+        this.activity(deviceId, now);
+        for (const a of acks) {
+          if (a.kind === 'push') devices.ackVersion(deviceId, a.type, a.name, a, now);
+          else if (a.synced !== undefined) devices.ackSync(deviceId, a.type, a.name, a.synced, now);
+        }
+      },
+      { durable: false },
+    );
+  }
+
+  private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
+    const now = this.opts.now();
+    await this.opts.store.write(() => {
+      const devices = this.opts.store.devices;
+      this.activity(deviceId, now);
+      // The presence and identity entries are the bridge's own; a device cannot overwrite them.
+      for (const [name, value] of Object.entries(meta)) {
+        if (RESERVED_META.has(name)) continue;
+        devices.setMeta(deviceId, name, value, now, 'device');
+      }
+    });
+  }
+
+  /**
+   * Authcodes heard on UDP 590. The bridge stamps them with its own clock: the agent reports only what it heard
+   * within its freshness window, and the gateway's clock may be off.
+   */
+  private async onHeard(deviceId: string, heard: ReadonlyArray<{ authcode: string }>): Promise<void> {
+    const now = this.opts.now();
+    let unknown = 0;
+    await this.opts.store.write(
+      () => {
+        const devices = this.opts.store.devices;
+        this.activity(deviceId, now);
+        for (const h of heard) {
+          const user = userOfAuthcode(this.opts.store, h.authcode, now);
+          if (user) devices.heard(deviceId, user.id, now);
+          else unknown++;
+        }
+      },
+      { durable: false },
+    );
+    if (unknown > 0) {
+      this.counters.heardUnknown += unknown;
+      this.opts.log.debug({ event: 'nearby.unknown_authcode', deviceId, count: unknown });
+    }
+  }
+
+  // ---- changes made through the API ----
+
+  /**
+   * Sets (or, with `null`, deletes) a variable as a user. A `d` version is pushed to the device after its
+   * commit; it stays pending until acknowledged. Resolves to `false` when there is nothing to delete.
+   */
+  async setVar(deviceId: string, type: 'd' | 's', name: string, value: Buffer | null): Promise<boolean> {
+    const now = this.opts.now();
+    const rec = await this.opts.store.write(() => {
+      const devices = this.opts.store.devices;
+      const cur = devices.getVar(deviceId, type, name);
+      if (value === null && (!cur || cur.value === null)) return undefined;
+      const time = cur ? Math.max(now, cur.time + 1) : now;
+      const v = { type, name, value, time, origin: 'cloud' as const };
+      // An `s` version is never pushed: it is acknowledged by being on the server.
+      devices.putVersion(deviceId, v, type === 'd' ? 0 : time, 'user');
+      return devices.getVar(deviceId, type, name)!;
+    });
+    if (!rec) return false;
+    if (type === 'd') this.sendVars(deviceId, [varItem(asVersion(rec), 'push')]);
+    return true;
+  }
+
+  /** Rule 3: re-sends the current version of a `d` variable; `false` when there is none. */
+  async syncVar(deviceId: string, name: string): Promise<boolean> {
+    const now = this.opts.now();
+    const rec = await this.opts.store.write(() => {
+      const devices = this.opts.store.devices;
+      const cur = devices.getVar(deviceId, 'd', name);
+      if (!cur || cur.value === null) return undefined;
+      devices.markSynced(deviceId, 'd', name, now);
+      return devices.getVar(deviceId, 'd', name)!;
+    });
+    if (!rec) return false;
+    this.sendVars(deviceId, [varItem(asVersion(rec), 'sync')]);
+    return true;
+  }
+
+  private sendVars(deviceId: string, items: VarItem[]): boolean {
+    for (let i = 0; i < items.length; i += PAGE) {
+      if (!this.send(deviceId, 'down/vars', { id: messageId(), items: items.slice(i, i + PAGE) })) return false;
+    }
+    return true;
+  }
+
+  // ---- upkeep ----
+
+  /**
+   * Hourly: history older than `historyDays` (0 keeps it), and nearby entries past the window. The history
+   * goes in batches, each its own transaction, so that requests keep being served while a large backlog goes.
+   */
+  async prune(historyDays: number): Promise<{ history: number; nearby: number }> {
+    const now = this.opts.now();
+    const { store } = this.opts;
+    const BATCH = 5000;
+    let history = 0;
+    if (historyDays > 0) {
+      const before = now - historyDays * 86_400_000;
+      for (;;) {
+        const n = await store.write(() => store.devices.pruneHistory(before, BATCH), { durable: false });
+        history += n;
+        if (n < BATCH) break;
+      }
+    }
+    const nearby = await store.write(() => store.devices.pruneNearby(now - this.opts.nearbyWindowMs), {
+      durable: false,
+    });
+    return { history, nearby };
+  }
+
+  /** Forgets the activity throttle of a device (tests, and a device that was removed). */
+  forgetActivity(deviceId: string): void {
+    this.activityWritten.delete(deviceId);
+  }
+}
+
+/** The `meta` entries the bridge keeps itself (decision 22). */
+const RESERVED_META: ReadonlySet<string> = new Set([
+  'state',
+  'lastactivity',
+  'unique',
+  'platform',
+  'fwversion',
+  'agentversion',
+]);
+
+/** A stored `d` record as the wire sees it. */
+function asVersion(rec: VarRecord): {
+  type: 'd' | 's';
+  name: string;
+  value: Buffer | null;
+  time: number;
+  origin: 'device' | 'cloud';
+  synced: number;
+} {
+  return {
+    type: rec.type === 's' ? 's' : 'd',
+    name: rec.name,
+    value: rec.value,
+    time: rec.time,
+    origin: rec.origin,
+    synced: rec.synced,
+  };
+}

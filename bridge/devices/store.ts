@@ -1,0 +1,456 @@
+/**
+ * What the bridge keeps of devices (DESIGN sections 3 to 5), in the bridge's SQLite database:
+ *
+ * - `devices`: every device the bridge has met, its auth code (claim token) and its owner;
+ * - `vars`: the `d`, `s` and `meta` variables of each device, `d` with the four stamps of DESIGN section 3;
+ * - `history`: every value a variable took, indexed by variable and id, so that reading the newest N entries
+ *   costs the same whatever the length of the history (decisions 10 and 11);
+ * - `nearby`: which user's authcode each device heard last, and when (decision 18).
+ *
+ * Every method is synchronous; writes run inside the caller's transaction (`BridgeStore.write`). Only one
+ * bridge process serves a data directory, so the JSON of a device object is kept in memory once built and
+ * dropped by every write that changes the device.
+ */
+import type { Db, Migration } from '../../lib/sqlite.js';
+import { type Version, compareVersions } from '../../protocol/index.js';
+import { type RenderableVar, renderDevice } from './view.js';
+
+export type VarType = 'd' | 's' | 'meta';
+export type Origin = 'device' | 'cloud';
+/** Decision 11: who set a value. */
+export type SetBy = 'device' | 'user' | 'server';
+
+export interface Device {
+  id: string;
+  /** The device's claim token and its key in `GET /0/network/`; `null` until its first hello. */
+  authcode: string | null;
+  ownerId: number | null;
+  claimedAt: number | null;
+  enrolledAt: number;
+}
+
+export interface VarRecord extends RenderableVar {
+  type: VarType;
+  name: string;
+  origin: Origin;
+}
+
+export interface HistoryEntry {
+  id: number;
+  type: VarType;
+  name: string;
+  /** `null` for a deletion. */
+  value: Buffer | null;
+  by: SetBy;
+  timestamp: number;
+}
+
+/** A new version of a variable. */
+export interface NewVersion {
+  type: VarType;
+  name: string;
+  value: Buffer | null;
+  time: number;
+  origin: Origin;
+}
+
+/** Migration 3: devices get an auth code and an owner; variables, history and the nearby table. */
+export const DEVICE_MIGRATION: Migration = (db) => {
+  db.exec(`
+    CREATE TABLE devices_v3 (
+      id          TEXT PRIMARY KEY,
+      secret_hash TEXT,
+      enrolled_at INTEGER NOT NULL,
+      authcode    TEXT UNIQUE,
+      owner_id    INTEGER REFERENCES users (id) ON DELETE SET NULL,
+      claimed_at  INTEGER
+    ) WITHOUT ROWID;
+    INSERT INTO devices_v3 (id, secret_hash, enrolled_at) SELECT id, secret_hash, enrolled_at FROM devices;
+    DROP TABLE devices;
+    ALTER TABLE devices_v3 RENAME TO devices;
+    CREATE INDEX devices_owner ON devices (owner_id, claimed_at) WHERE owner_id IS NOT NULL;
+
+    CREATE TABLE vars (
+      device_id TEXT    NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
+      type      TEXT    NOT NULL CHECK (type IN ('d', 's', 'meta')),
+      name      TEXT    NOT NULL,
+      value     BLOB,
+      time      INTEGER NOT NULL,
+      origin    TEXT    NOT NULL CHECK (origin IN ('device', 'cloud')),
+      acked     INTEGER NOT NULL DEFAULT 0,
+      synced    INTEGER NOT NULL DEFAULT 0,
+      syncacked INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY (device_id, type, name)
+    ) WITHOUT ROWID;
+    -- What the catch-up on hello sends: d versions not acknowledged, and syncs not acknowledged.
+    CREATE INDEX vars_pending ON vars (device_id, name)
+      WHERE type = 'd' AND (acked < time OR syncacked < synced);
+
+    CREATE TABLE history (
+      id        INTEGER PRIMARY KEY,
+      device_id TEXT    NOT NULL,
+      type      TEXT    NOT NULL,
+      name      TEXT    NOT NULL,
+      value     BLOB,
+      by        TEXT    NOT NULL,
+      timestamp INTEGER NOT NULL
+    );
+    CREATE INDEX history_var ON history (device_id, type, name, id);
+    CREATE INDEX history_time ON history (timestamp);
+
+    CREATE TABLE nearby (
+      user_id   INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+      device_id TEXT    NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
+      heard_at  INTEGER NOT NULL,
+      PRIMARY KEY (user_id, device_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX nearby_device ON nearby (device_id);
+    CREATE INDEX nearby_heard ON nearby (heard_at);
+  `);
+};
+
+interface DeviceRow {
+  id: string;
+  secret_hash: string | null;
+  enrolled_at: number;
+  authcode: string | null;
+  owner_id: number | null;
+  claimed_at: number | null;
+}
+
+interface VarRow {
+  type: VarType;
+  name: string;
+  value: Buffer | null;
+  time: number;
+  origin: Origin;
+  acked: number;
+  synced: number;
+  syncacked: number;
+}
+
+interface HistoryRow {
+  id: number;
+  type: VarType;
+  name: string;
+  value: Buffer | null;
+  by: SetBy;
+  timestamp: number;
+}
+
+const toDevice = (r: DeviceRow): Device => ({
+  id: r.id,
+  authcode: r.authcode,
+  ownerId: r.owner_id,
+  claimedAt: r.claimed_at,
+  enrolledAt: r.enrolled_at,
+});
+
+/** Device rows and device JSON kept in memory; beyond this many, the oldest entry is dropped. */
+const CACHE_MAX = 20_000;
+
+export type ClaimOutcome = 'claimed' | 'already-yours' | 'taken';
+
+export class DeviceStore {
+  private readonly s;
+  private readonly rows = new Map<string, Device | null>();
+  private readonly views = new Map<string, string>();
+
+  constructor(private readonly db: Db) {
+    this.s = {
+      device: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE id = ?'),
+      byAuthcode: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE authcode = ?'),
+      ofOwner: db.prepare<[number], DeviceRow>('SELECT * FROM devices WHERE owner_id = ? ORDER BY claimed_at, id'),
+      secret: db.prepare<[string], { secret_hash: string | null }>('SELECT secret_hash FROM devices WHERE id = ?'),
+      enroll: db.prepare(
+        `INSERT INTO devices (id, secret_hash, enrolled_at) VALUES (@id, @hash, @now)
+         ON CONFLICT (id) DO UPDATE SET secret_hash = @hash WHERE secret_hash IS NULL`,
+      ),
+      touch: db.prepare('INSERT INTO devices (id, enrolled_at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING'),
+      setAuthcode: db.prepare('UPDATE devices SET authcode = ? WHERE id = ?'),
+      claim: db.prepare('UPDATE devices SET owner_id = ?, claimed_at = ? WHERE id = ? AND owner_id IS NULL'),
+      unclaim: db.prepare('UPDATE devices SET owner_id = NULL, claimed_at = NULL WHERE id = ? AND owner_id = ?'),
+      delServerVars: db.prepare("DELETE FROM vars WHERE device_id = ? AND type = 's'"),
+      delHistory: db.prepare('DELETE FROM history WHERE device_id = ?'),
+      delNearby: db.prepare('DELETE FROM nearby WHERE device_id = ?'),
+      getVar: db.prepare<[string, string, string], VarRow>(
+        'SELECT type, name, value, time, origin, acked, synced, syncacked FROM vars WHERE device_id = ? AND type = ? AND name = ?',
+      ),
+      varsOf: db.prepare<[string], VarRow>(
+        'SELECT type, name, value, time, origin, acked, synced, syncacked FROM vars WHERE device_id = ? ORDER BY type, name',
+      ),
+      varsOfType: db.prepare<[string, string], VarRow>(
+        'SELECT type, name, value, time, origin, acked, synced, syncacked FROM vars WHERE device_id = ? AND type = ? ORDER BY name',
+      ),
+      putVar: db.prepare(
+        `INSERT INTO vars (device_id, type, name, value, time, origin, acked, synced, syncacked)
+         VALUES (@deviceId, @type, @name, @value, @time, @origin, @acked, 0, 0)
+         ON CONFLICT (device_id, type, name) DO UPDATE SET
+           value = excluded.value, time = excluded.time, origin = excluded.origin, acked = excluded.acked`,
+      ),
+      addHistory: db.prepare(
+        'INSERT INTO history (device_id, type, name, value, by, timestamp) VALUES (@deviceId, @type, @name, @value, @by, @timestamp)',
+      ),
+      setAcked: db.prepare(
+        `UPDATE vars SET acked = max(@now, time)
+         WHERE device_id = @deviceId AND type = @type AND name = @name AND time = @time AND origin = @origin AND acked < time`,
+      ),
+      clearAcked: db.prepare('UPDATE vars SET acked = 0 WHERE device_id = ? AND type = ? AND name = ?'),
+      setSynced: db.prepare<[number, string, string, string], { synced: number }>(
+        'UPDATE vars SET synced = max(?, synced + 1) WHERE device_id = ? AND type = ? AND name = ? RETURNING synced',
+      ),
+      setSyncacked: db.prepare(
+        `UPDATE vars SET syncacked = max(@now, synced)
+         WHERE device_id = @deviceId AND type = @type AND name = @name AND synced = @synced AND syncacked < synced`,
+      ),
+      pending: db.prepare<[string, string, number], VarRow>(
+        `SELECT type, name, value, time, origin, acked, synced, syncacked FROM vars
+         WHERE device_id = ? AND type = 'd' AND (acked < time OR syncacked < synced) AND name > ?
+         ORDER BY name LIMIT ?`,
+      ),
+      history: db.prepare<[string, string, string, number, number], HistoryRow>(
+        `SELECT id, type, name, value, by, timestamp FROM history
+         WHERE device_id = ? AND type = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT ?`,
+      ),
+      heard: db.prepare(
+        `INSERT INTO nearby (user_id, device_id, heard_at) VALUES (@userId, @deviceId, @at)
+         ON CONFLICT (user_id, device_id) DO UPDATE SET heard_at = max(heard_at, excluded.heard_at)`,
+      ),
+      heardBy: db.prepare<[string, number, number], { heard_at: number }>(
+        'SELECT heard_at FROM nearby WHERE device_id = ? AND user_id = ? AND heard_at >= ?',
+      ),
+      nearbyOf: db.prepare<[number, number], DeviceRow>(
+        `SELECT d.* FROM nearby n JOIN devices d ON d.id = n.device_id
+         WHERE n.user_id = ? AND n.heard_at >= ? ORDER BY d.authcode`,
+      ),
+      connectedDevices: db.prepare<[], { device_id: string }>(
+        "SELECT device_id FROM vars WHERE type = 'meta' AND name = 'state' AND value = CAST('connected' AS BLOB)",
+      ),
+      pruneHistory: db.prepare(
+        'DELETE FROM history WHERE id IN (SELECT id FROM history WHERE timestamp < ? ORDER BY timestamp LIMIT ?)',
+      ),
+      pruneNearby: db.prepare('DELETE FROM nearby WHERE heard_at < ?'),
+    };
+  }
+
+  // ---- devices ----
+
+  device(id: string): Device | undefined {
+    const hit = this.rows.get(id);
+    if (hit !== undefined) return hit ?? undefined;
+    const r = this.s.device.get(id);
+    const d = r ? toDevice(r) : null;
+    this.remember(this.rows, id, d);
+    return d ?? undefined;
+  }
+
+  deviceByAuthcode(authcode: string): Device | undefined {
+    const r = this.s.byAuthcode.get(authcode);
+    return r && toDevice(r);
+  }
+
+  /** The devices registered to a user, in the order they were claimed. */
+  devicesOf(userId: number): Device[] {
+    return this.s.ofOwner.all(userId).map(toDevice);
+  }
+
+  secretHash(deviceId: string): string | undefined {
+    return this.s.secret.get(deviceId)?.secret_hash ?? undefined;
+  }
+
+  /**
+   * Trust on first use: the first secret a device presents to the embedded broker is kept. A device first met
+   * through an external broker has no secret here; it gets the first one it presents.
+   */
+  enroll(deviceId: string, secretHash: string, now: number): void {
+    this.forget(deviceId);
+    this.s.enroll.run({ id: deviceId, hash: secretHash, now });
+  }
+
+  /** Makes sure a device the broker let in has a row (devices met through an external broker). */
+  touch(deviceId: string, now: number): void {
+    if (this.rows.get(deviceId)) return;
+    if (this.s.touch.run(deviceId, now).changes > 0) this.forget(deviceId);
+  }
+
+  /** Records the auth code a device reports; `false` when another device already has it. */
+  setAuthcode(deviceId: string, authcode: string): boolean {
+    const other = this.s.byAuthcode.get(authcode);
+    if (other && other.id !== deviceId) return false;
+    if (other) return true;
+    this.forget(deviceId);
+    this.s.setAuthcode.run(authcode, deviceId);
+    return true;
+  }
+
+  claim(deviceId: string, userId: number, now: number): ClaimOutcome {
+    const d = this.device(deviceId);
+    if (d?.ownerId === userId) return 'already-yours';
+    if (!d || d.ownerId !== null) return 'taken';
+    this.forget(deviceId);
+    return this.s.claim.run(userId, now, deviceId).changes > 0 ? 'claimed' : 'taken';
+  }
+
+  /**
+   * Unregisters a device from its owner. What the owner kept on the server about it goes with it: its `s`
+   * variables, the history of every variable, and who it heard nearby. Its `d` and `meta` variables stay:
+   * they belong to the device.
+   */
+  unregister(deviceId: string, userId: number): boolean {
+    this.forget(deviceId);
+    if (this.s.unclaim.run(deviceId, userId).changes === 0) return false;
+    this.s.delServerVars.run(deviceId);
+    this.s.delHistory.run(deviceId);
+    this.s.delNearby.run(deviceId);
+    return true;
+  }
+
+  // ---- variables ----
+
+  getVar(deviceId: string, type: VarType, name: string): VarRecord | undefined {
+    return this.s.getVar.get(deviceId, type, name);
+  }
+
+  vars(deviceId: string, type?: VarType): VarRecord[] {
+    return type === undefined ? this.s.varsOf.all(deviceId) : this.s.varsOfType.all(deviceId, type);
+  }
+
+  /**
+   * Writes a version and its history entry. `acked` is the stamp to store with it: `0` for a cloud version the
+   * device has yet to acknowledge, `max(now, time)` for one received from the device.
+   */
+  putVersion(deviceId: string, v: NewVersion, acked: number, by: SetBy, history = true): void {
+    this.views.delete(deviceId);
+    this.s.putVar.run({ deviceId, type: v.type, name: v.name, value: v.value, time: v.time, origin: v.origin, acked });
+    if (history) this.s.addHistory.run({ deviceId, type: v.type, name: v.name, value: v.value, by, timestamp: v.time });
+  }
+
+  /**
+   * Applies a version received from the device when it is newer than the one held. Returns what happened:
+   * `applied`, `same` (a duplicate), or `older` with the version held.
+   */
+  applyFromDevice(
+    deviceId: string,
+    v: NewVersion,
+    now: number,
+  ): { outcome: 'applied' | 'same' } | { outcome: 'older'; held: VarRecord } {
+    const cur = this.getVar(deviceId, v.type, v.name);
+    if (cur) {
+      const cmp = compareVersions(v, cur);
+      if (cmp === 0) return { outcome: 'same' };
+      if (cmp < 0) return { outcome: 'older', held: cur };
+    }
+    this.putVersion(deviceId, v, Math.max(now, v.time), 'device');
+    return { outcome: 'applied' };
+  }
+
+  /** The device acknowledged a version: `acked` is set if it is still the version held. */
+  ackVersion(deviceId: string, type: VarType, name: string, version: Version, now: number): boolean {
+    const changed = this.s.setAcked.run({ deviceId, type, name, time: version.time, origin: version.origin, now });
+    if (changed.changes === 0) return false;
+    this.views.delete(deviceId);
+    return true;
+  }
+
+  /** The version held must be pushed again (the device showed it lost it). */
+  unack(deviceId: string, type: VarType, name: string): void {
+    this.views.delete(deviceId);
+    this.s.clearAcked.run(deviceId, type, name);
+  }
+
+  /** A new sync of the variable: `synced = max(now, synced + 1)`; `undefined` when it does not exist. */
+  markSynced(deviceId: string, type: VarType, name: string, now: number): number | undefined {
+    this.views.delete(deviceId);
+    return this.s.setSynced.get(now, deviceId, type, name)?.synced;
+  }
+
+  ackSync(deviceId: string, type: VarType, name: string, synced: number, now: number): boolean {
+    if (this.s.setSyncacked.run({ deviceId, type, name, synced, now }).changes === 0) return false;
+    this.views.delete(deviceId);
+    return true;
+  }
+
+  /** A page of what the device has not acknowledged, in name order after `after`. */
+  pending(deviceId: string, after: string, limit: number): VarRecord[] {
+    return this.s.pending.all(deviceId, after, limit);
+  }
+
+  /** A meta variable set by the bridge or reported by the device; no history when `history` is false. */
+  setMeta(deviceId: string, name: string, value: string, time: number, by: SetBy, history = true): void {
+    const cur = this.s.getVar.get(deviceId, 'meta', name);
+    if (cur?.value?.toString('utf8') === value) return;
+    this.putVersion(
+      deviceId,
+      { type: 'meta', name, value: Buffer.from(value, 'utf8'), time, origin: 'device' },
+      time,
+      by,
+      history,
+    );
+  }
+
+  /** At start with the embedded broker, no device can be connected yet. Returns the devices changed. */
+  markAllDisconnected(now: number): number {
+    const ids = this.s.connectedDevices.all().map((r) => r.device_id);
+    for (const id of ids) this.setMeta(id, 'state', 'disconnected', now, 'server');
+    return ids.length;
+  }
+
+  // ---- history ----
+
+  /** The newest `limit` entries older than entry `before`, newest first. */
+  history(
+    deviceId: string,
+    type: VarType,
+    name: string,
+    limit: number,
+    before = Number.MAX_SAFE_INTEGER,
+  ): HistoryEntry[] {
+    return this.s.history.all(deviceId, type, name, before, limit);
+  }
+
+  /** Removes up to `max` history entries older than `before`; returns how many. */
+  pruneHistory(before: number, max: number): number {
+    return this.s.pruneHistory.run(before, max).changes;
+  }
+
+  // ---- nearby ----
+
+  heard(deviceId: string, userId: number, at: number): void {
+    this.s.heard.run({ deviceId, userId, at });
+  }
+
+  heardBy(deviceId: string, userId: number, since: number): boolean {
+    return this.s.heardBy.get(deviceId, userId, since) !== undefined;
+  }
+
+  nearbyOf(userId: number, since: number): Device[] {
+    return this.s.nearbyOf.all(userId, since).map(toDevice);
+  }
+
+  pruneNearby(before: number): number {
+    return this.s.pruneNearby.run(before).changes;
+  }
+
+  // ---- device objects ----
+
+  /** The JSON of a device object (decision 9), built once and kept until the device changes. */
+  deviceJson(deviceId: string): string {
+    const hit = this.views.get(deviceId);
+    if (hit !== undefined) return hit;
+    const json = renderDevice(this.vars(deviceId));
+    this.remember(this.views, deviceId, json);
+    return json;
+  }
+
+  private forget(deviceId: string): void {
+    this.rows.delete(deviceId);
+    this.views.delete(deviceId);
+  }
+
+  private remember<V>(map: Map<string, V>, key: string, value: V): void {
+    // What a transaction has read may still be rolled back: only committed state is kept.
+    if (this.db.inTransaction) return;
+    if (map.size >= CACHE_MAX) map.delete(map.keys().next().value!);
+    map.set(key, value);
+  }
+}

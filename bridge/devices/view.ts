@@ -1,0 +1,83 @@
+/**
+ * The JSON the device routes answer (decision 9), built as text: a device object is read far more often than it
+ * changes, and the store keeps the text of each one until the device changes.
+ *
+ * - Every entry of a device object, `d`, `s` and `meta`, is a variable record. `d` records carry the four
+ *   stamps; `s` and `meta` records carry `value` and `time`.
+ * - A value that is not valid UTF-8 is given as `value64` (base64) instead of `value`.
+ * - A deleted variable (a tombstone) is left out of device objects and variable lists.
+ */
+import { isUtf8 } from 'node:buffer';
+
+export interface RenderableVar {
+  type: 'd' | 's' | 'meta';
+  name: string;
+  /** `null` for a tombstone. */
+  value: Buffer | null;
+  time: number;
+  acked: number;
+  synced: number;
+  syncacked: number;
+}
+
+export interface RenderableHistory {
+  id: number;
+  type: 'd' | 's' | 'meta';
+  name: string;
+  value: Buffer | null;
+  by: string;
+  timestamp: number;
+}
+
+/** `"value":"…"` for text, `"value64":"…"` for other bytes. */
+function valueMember(value: Buffer): string {
+  return isUtf8(value)
+    ? `"value":${JSON.stringify(value.toString('utf8'))}`
+    : `"value64":"${value.toString('base64')}"`;
+}
+
+/** One variable record; `undefined` for a tombstone. */
+export function renderRecord(v: RenderableVar): string | undefined {
+  if (v.value === null) return undefined;
+  if (v.type === 'd') {
+    return `{${valueMember(v.value)},"time":${v.time},"acked":${v.acked},"synced":${v.synced},"syncacked":${v.syncacked}}`;
+  }
+  return `{${valueMember(v.value)},"time":${v.time}}`;
+}
+
+/** The bare shape of a value: a JSON string (`meta` reads, decision 9); binary bytes as a base64 string. */
+export function renderBare(v: RenderableVar): string {
+  if (v.value === null) return 'null';
+  return JSON.stringify(isUtf8(v.value) ? v.value.toString('utf8') : v.value.toString('base64'));
+}
+
+/** Records keyed by name, tombstones left out. */
+export function renderVars(vars: readonly RenderableVar[]): string {
+  const parts: string[] = [];
+  for (const v of vars) {
+    const rec = renderRecord(v);
+    if (rec !== undefined) parts.push(`${JSON.stringify(v.name)}:${rec}`);
+  }
+  return `{${parts.join(',')}}`;
+}
+
+/** A device object: `{"d":{…},"s":{…},"meta":{…}}`. */
+export function renderDevice(vars: readonly RenderableVar[]): string {
+  const byType = { d: [] as RenderableVar[], s: [] as RenderableVar[], meta: [] as RenderableVar[] };
+  for (const v of vars) byType[v.type].push(v);
+  return `{"d":${renderVars(byType.d)},"s":${renderVars(byType.s)},"meta":${renderVars(byType.meta)}}`;
+}
+
+/** History entries (decision 10): `{key, value, by, type, timestamp, id}`; a deletion has `deleted: true`. */
+export function renderHistory(entries: readonly RenderableHistory[]): string {
+  const parts = entries.map((e) => {
+    const value = e.value === null ? '"deleted":true' : valueMember(e.value);
+    return `{"key":${JSON.stringify(e.name)},${value},"by":"${e.by}","type":"${e.type}","timestamp":${e.timestamp},"id":${e.id}}`;
+  });
+  return `[${parts.join(',')}]`;
+}
+
+/** A collection of device objects keyed by device id or auth code. */
+export function renderCollection(entries: ReadonlyArray<readonly [key: string, deviceJson: string]>): string {
+  return `{${entries.map(([k, json]) => `${JSON.stringify(k)}:${json}`).join(',')}}`;
+}
