@@ -75,21 +75,29 @@ devcloud is running.
   agent                  device ${agent.identity.deviceId}, state in ${rel(stateDir)}
   authcodes              UDP ${heardPort}${udpPort !== 590 ? '   (590 needs root or CAP_NET_BIND_SERVICE, so an unprivileged port was picked)' : ''}
 
-Try the REST API (the cookie jar keeps the session; confirmation mails land in var/bridge/outbox):
+Try the REST API, in another terminal (bash; the cookie jar file ./jar keeps the session; confirmation
+mails land in var/bridge/outbox):
   curl -c jar -b jar -X POST ${url}/0/session/signup -d login=you@example.com -d password=change-me-now
   curl -c jar -b jar ${url}/0/user/
-  curl -c jar -b jar -X POST ${url}/0/user/ -d color=blue
+  AUTHCODE=$(curl -s -b jar ${url}/0/user/ | sed -E 's/.*"authcode":"([0-9a-f]+)".*/\\1/')
+  printf '%s\\n' "$AUTHCODE" > /dev/udp/127.0.0.1/${heardPort}     # what a phone broadcasts on UDP 590
+  curl -b jar ${url}/0/network/                     # the agent heard you: its device is nearby
+  curl -b jar -X POST ${url}/0/devices/ -d auth=${agent.identity.authcode}
+  curl -b jar -X POST ${url}/0/devices/${agent.identity.deviceId}/d/led -d value=on
+  curl -b jar ${url}/0/devices/${agent.identity.deviceId}/d/led        # acked >= time once the agent has it
+  curl -b jar '${url}/0/devices/${agent.identity.deviceId}/d/led?latest=10'
+  curl -b jar ${url}/0/devices/
+(Signed up before? Log in instead: curl -c jar -b jar -X POST ${url}/0/session/login -d login=you@example.com -d password=change-me-now)
 
 Try the agent, in another terminal:
   npm run agent -- var set temp 21.5 --socket ${rel(socket)}
   npm run agent -- var list --socket ${rel(socket)}
   npm run agent -- var watch --socket ${rel(socket)}
   npm run agent -- status --socket ${rel(socket)}
-  printf '0123456789abcdef' > /dev/udp/127.0.0.1/${heardPort}     # a phone announcing an authcode (bash)
 
 Watch the MQTT traffic (the embedded broker lets devices touch only their own topics, so this uses the
 bridge's credential, made anew at every start and kept in ${rel(credFile)}, mode 0600):
-  mosquitto_sub -h 127.0.0.1 -p ${broker.port} -i ${broker.bridgeClientId} -u ${broker.bridgeUsername} -P "$(cat ${rel(credFile)})" -t 'dc/v1/#' -v
+  mosquitto_sub -h 127.0.0.1 -p ${broker.port} -i ${broker.bridgeClientId}-watch -u ${broker.bridgeUsername} -P "$(cat ${rel(credFile)})" -t 'dc/v1/#' -v
 
 Ctrl-C stops everything.
 `);

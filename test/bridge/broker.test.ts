@@ -114,9 +114,33 @@ describe('embedded broker: enrolment and topic isolation', () => {
     expect(broker.refusals['subscribe-denied']).toBe(4);
   });
 
-  it('accepts the bridge credential only with the bridge client id', async () => {
+  it('accepts the bridge credential only with the bridge client id or one derived from it', async () => {
     expect(await refusedToConnect(broker.url, 'someone', broker.bridgeUsername, broker.bridgePassword)).toBe(true);
+    expect(
+      await refusedToConnect(broker.url, `${broker.bridgeClientId}x`, broker.bridgeUsername, broker.bridgePassword),
+    ).toBe(true);
     expect(await refusedToConnect(broker.url, broker.bridgeClientId, broker.bridgeUsername, 'guess')).toBe(true);
-    clients.push(await connect(broker.url, broker.bridgeClientId, broker.bridgeUsername, broker.bridgePassword));
+    expect(await refusedToConnect(broker.url, `${broker.bridgeClientId}-watch`, broker.bridgeUsername, 'guess')).toBe(
+      true,
+    );
+    const bridge = await connect(broker.url, broker.bridgeClientId, broker.bridgeUsername, broker.bridgePassword);
+    clients.push(bridge);
+    // A watcher with a derived client id sees every topic, and does not push the bridge's own client off.
+    const watcher = await connect(
+      broker.url,
+      `${broker.bridgeClientId}-watch`,
+      broker.bridgeUsername,
+      broker.bridgePassword,
+    );
+    clients.push(watcher);
+    const granted = await watcher.subscribeAsync('dc/v1/#', { qos: 1 });
+    expect(granted[0]!.qos).toBe(1);
+    const d = device();
+    const cd = await connect(broker.url, d.id, d.id, d.secret);
+    clients.push(cd);
+    const seen = new Promise<string>((resolve) => watcher.once('message', (t) => resolve(t)));
+    await cd.publishAsync(topicFor(d.id, 'up/meta'), '{}', { qos: 1 });
+    expect(await seen).toBe(topicFor(d.id, 'up/meta'));
+    expect(bridge.connected).toBe(true);
   });
 });
