@@ -125,7 +125,9 @@ export class DeviceLink extends EventEmitter<LinkEvents> {
   /** Publishes at QoS 1; `false` when not connected (what was to be sent is in the store, and goes at catch-up). */
   publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): boolean {
     const client = this.client;
-    if (!this.isUp || !client) return false;
+    // Connected is enough: a persistent session hands over what the broker kept as soon as it accepts the
+    // connection, before the subscription is confirmed, and the acknowledgements of those messages must go out.
+    if (!client?.connected) return false;
     client.publish(topicFor(deviceId, name), encode(name, payload), { qos: 1 }, (err) => {
       if (err) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, deviceId, err: err.message });
     });

@@ -2,8 +2,8 @@
  * Real brokers for integration tests: aedes in-process on a port the OS picks, and a private Mosquitto on a
  * free port with a config written for the test. Never the machine's own broker, never a fixed port.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { chmodSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { createServer, type Server, type Socket, connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -139,4 +139,112 @@ function canConnect(port: number): Promise<boolean> {
     });
     s.once('error', () => resolve(false));
   });
+}
+
+/** One MQTT login in a private Mosquitto's password file. */
+export interface MqttLogin {
+  username: string;
+  password: string;
+}
+
+export interface SecureMosquittoOptions {
+  /** Devices log in with their uuid as username and their secret as password (DESIGN section 5). */
+  devices: ReadonlyArray<{ id: string; secret: string }>;
+  /** The bridge's login: it may read and write every device topic. */
+  bridge: MqttLogin;
+}
+
+export interface SecureMosquitto extends TestBroker {
+  kind: 'mosquitto';
+  /** A file holding the bridge's password, for the bridge's `mqtt.passwordFile`. */
+  bridgePasswordFile: string;
+}
+
+/**
+ * A private Mosquitto as production runs it (DESIGN sections 4 and 5): no anonymous clients, a password per
+ * device and for the bridge (made with `mosquitto_passwd`), and ACL patterns on the username, so that a device
+ * publishes only under its own `up/` and `state` and receives only its own `down/`.
+ *
+ * Mosquitto 2.0 refuses a publish the ACL denies without telling an MQTT 3.1.1 client (the PUBACK looks
+ * normal; the message goes nowhere), and accepts a subscription the ACL denies but delivers nothing on it:
+ * `read` is checked for each message sent to the client.
+ */
+export async function startSecureMosquitto(opts: SecureMosquittoOptions): Promise<SecureMosquitto> {
+  const dir = mkdtempSync(join(tmpdir(), 'devcloud-mosq-secure-'));
+  // Started as root, Mosquitto drops to its own user before it reads the password and ACL files.
+  chmodSync(dir, 0o755);
+  const port = await freePort();
+  const passwordFile = join(dir, 'passwords');
+  const aclFile = join(dir, 'acl');
+  const bridgePasswordFile = join(dir, 'bridge-password');
+  const conf = join(dir, 'mosquitto.conf');
+  writeFileSync(passwordFile, '', { mode: 0o644 });
+  const addLogin = (username: string, password: string) =>
+    execFileSync('mosquitto_passwd', ['-b', passwordFile, username, password], { stdio: 'pipe' });
+  addLogin(opts.bridge.username, opts.bridge.password);
+  for (const d of opts.devices) addLogin(d.id, d.secret);
+  writeFileSync(bridgePasswordFile, `${opts.bridge.password}\n`, { mode: 0o600 });
+  writeFileSync(
+    aclFile,
+    [
+      // Pattern lines apply to every user, %u being the username: each device its own topics.
+      'pattern write dc/v1/%u/up/#',
+      'pattern write dc/v1/%u/state',
+      'pattern read dc/v1/%u/down/#',
+      `user ${opts.bridge.username}`,
+      'topic readwrite dc/v1/#',
+      '',
+    ].join('\n'),
+    { mode: 0o644 },
+  );
+  writeFileSync(
+    conf,
+    [
+      `listener ${port} 127.0.0.1`,
+      'allow_anonymous false',
+      `password_file ${passwordFile}`,
+      `acl_file ${aclFile}`,
+      'persistence false',
+      'log_dest stderr',
+      'log_type error',
+      'max_inflight_messages 0',
+      'max_queued_messages 100000',
+      '',
+    ].join('\n'),
+  );
+  let proc: ChildProcess | undefined;
+  let stderr = '';
+  const start = async () => {
+    const child = spawn('mosquitto', ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
+    proc = child;
+    stderr = '';
+    child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+    const deadline = Date.now() + 10_000;
+    while (!(await canConnect(port))) {
+      if (child.exitCode !== null) throw new Error(`mosquitto exited: ${stderr}`);
+      if (Date.now() > deadline) throw new Error(`mosquitto did not listen on ${port}: ${stderr}`);
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  };
+  const stop = async () => {
+    const child = proc;
+    proc = undefined;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill('SIGKILL');
+    await exited;
+  };
+  await start();
+  return {
+    kind: 'mosquitto',
+    url: `mqtt://127.0.0.1:${port}`,
+    port,
+    bridgePasswordFile,
+    stop,
+    start,
+    close: async () => {
+      await stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
 }
