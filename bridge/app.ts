@@ -121,8 +121,16 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     logger: false,
     // The Host header names the frontend; `/0/user` and `/0/user/` are the same route.
     // (In `routerOptions`: the top-level spelling prints a deprecation warning on every start.)
-    routerOptions: { ignoreTrailingSlash: true },
+    // A path parameter may be as long as the longest device auth code (128 hex digits).
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 256 },
     return503OnClosing: true,
+    // Routing failed on a path parameter (bad percent-encoding, or longer than `maxParamLength`). Only the device
+    // routes have parameters: answer as for a device that does not exist (decisions 4 and 14), not with Fastify's
+    // JSON that echoes the path.
+    frameworkErrors: (_err, req, reply) => {
+      if (!req.url.startsWith('/0/devices/')) void send(reply, 400, 'bad-request');
+      else void send(reply, req.method === 'GET' || req.method === 'HEAD' ? 404 : 400, ERRORS['device-fail'].body);
+    },
   }) as unknown as FastifyInstance;
 
   const rl = config.rateLimits;
