@@ -72,6 +72,19 @@ export interface RouteContext {
 /** Form fields (and JSON objects) as a flat map; a repeated field keeps its last value. */
 export type Fields = Record<string, unknown>;
 
+/** The body of a request whose content type the bridge does not read: no fields. */
+export const UNREAD_BODY: Fields = Object.freeze({});
+
+/**
+ * Whether the request body is a set of fields: a form, a JSON object, or no body at all. A JSON array, string,
+ * number or null, or a body of another content type, is not.
+ */
+export function bodyIsFields(req: FastifyRequest): boolean {
+  const body = req.body;
+  if (body === undefined) return true;
+  return typeof body === 'object' && body !== null && !Array.isArray(body) && body !== UNREAD_BODY;
+}
+
 export function fields(req: FastifyRequest): Fields {
   const body = req.body;
   return typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Fields) : {};
@@ -174,11 +187,13 @@ export function buildApp(deps: AppDeps): FastifyInstance {
       done(null, out);
     },
   );
-  // A body of another type (or none) reads as no fields: the route then answers its own failure token.
+  // A body of another type reads as no fields: the route then answers its own failure token. It is marked, so that
+  // a route for which "no fields" means something (a sync of a `d` variable) can tell it from an empty form.
   app.addContentTypeParser(
     '*',
     { parseAs: 'buffer' },
-    (_req: FastifyRequest, _body: Buffer, done: (err: null, v: unknown) => void) => done(null, {}),
+    (_req: FastifyRequest, body: Buffer, done: (err: null, v: unknown) => void) =>
+      done(null, body.length === 0 ? {} : UNREAD_BODY),
   );
 
   app.decorateRequest('frontend', null as unknown as Frontend);

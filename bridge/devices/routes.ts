@@ -11,7 +11,7 @@
  * and `DELETE` 400 `device-fail`.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { type RouteContext, fields, query, readForm, send } from '../app.js';
+import { type RouteContext, bodyIsFields, fields, query, readForm, send } from '../app.js';
 import { ApiError } from '../errors.js';
 import type { User } from '../store/types.js';
 import {
@@ -71,8 +71,8 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
 
   app.get('/0/devices', async (req, reply) => {
     const user = userOf(req);
-    const owned = devices.devicesOf(user.id);
-    return json(reply, renderCollection(owned.map((d) => [d.id, devices.deviceJson(d.id)] as const)));
+    const owned = devices.deviceIdsOf(user.id);
+    return json(reply, renderCollection(owned.map((id) => [id, devices.deviceJson(id)] as const)));
   });
 
   app.post('/0/devices', { config: { failToken: 'claim-fail' } }, async (req, reply) => {
@@ -143,7 +143,8 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
     const seen = visible(req, userOf(req));
     const v = variable(req);
     // Decision 22: meta variables are read-only.
-    if (!seen || !v || v.type === 'meta') throw new ApiError('device-fail');
+    // A body that is not a set of fields is malformed, not "no value" (which would be a sync).
+    if (!seen || !v || v.type === 'meta' || !bodyIsFields(req)) throw new ApiError('device-fail');
     const form = readForm(fields(req), VariableForm);
     if (!form.value.ok || !form.value64.ok) throw new ApiError('device-fail');
     let value: Buffer | undefined;

@@ -166,6 +166,10 @@ export class DeviceService {
       devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
       devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
       devices.setMeta(deviceId, 'state', 'connected', now, 'server');
+      // Decision 22: the firmware entries exist from the first hello; the device reports them during an update.
+      for (const [name, value] of FW_META_DEFAULTS) {
+        if (!devices.getVar(deviceId, 'meta', name)) devices.setMeta(deviceId, name, value, now, 'server');
+      }
       return !ok;
     });
     if (taken) {
@@ -355,6 +359,14 @@ export class DeviceService {
     this.activityWritten.delete(deviceId);
   }
 }
+
+/** Decision 22: the firmware meta variables of a device that has not updated its firmware yet. */
+const FW_META_DEFAULTS: ReadonlyArray<readonly [string, string]> = [
+  ['fwstate', 'idle'],
+  ['fwprogress', '0'],
+  ['fwname', ''],
+  ['fwerror', ''],
+];
 
 /** The `meta` entries the bridge keeps itself (decision 22). */
 const RESERVED_META: ReadonlySet<string> = new Set([

@@ -432,6 +432,20 @@ describe('bad input on the device routes and the device topics', () => {
       ...json([1, 2]),
       want: SET_FAIL,
     });
+    // On a d variable that exists, "no fields" would be a sync: a body that is not fields must not read as one.
+    for (const [what, body] of [
+      ['a JSON array', json([1, 2])],
+      ['a JSON number', json(7)],
+      ['a JSON string', json('value=on')],
+      ['text/plain', raw('text/plain', 'value=on')],
+    ] as const) {
+      add(`${what} on an existing d variable (not a sync)`, {
+        method: 'POST',
+        path: `/0/devices/${D}/d/led`,
+        ...body,
+        want: SET_FAIL,
+      });
+    }
     // Forms that are not forms.
     setNote('form not UTF-8', raw(FORM, Buffer.from([0x76, 0x61, 0x6c, 0x75, 0x65, 0x3d, 0xff, 0xfe])), SET_FAIL);
     setNote('form with __proto__', raw(FORM, '__proto__=x&constructor=y&value=ok'), DEVICE_OK);
