@@ -1,14 +1,30 @@
 /**
- * The API document: OpenAPI 3.1, served at `GET /0/openapi.json`. Request bodies and query parameters are
- * generated with `z.toJSONSchema()` from the same zod schemas the routes read their input with
- * (`sessions/schemas.ts`, `accounts/schemas.ts`, `users/schemas.ts`), with this bridge's limits filled in; every
- * status a route can answer is listed with its plain-text token from the catalog (`errors.ts`).
+ * The API document: OpenAPI 3.1, served at `GET /0/openapi.json`. Request bodies, query and path parameters
+ * and JSON answers are generated with `z.toJSONSchema()` from the same zod schemas the routes read their input
+ * with (`sessions/schemas.ts`, `accounts/schemas.ts`, `users/schemas.ts`, `devices/schemas.ts`), with this
+ * bridge's limits filled in; every status a route can answer is listed with its plain-text token from the
+ * catalog (`errors.ts`).
  * `test/bridge/openapi.test.ts` drives every route through its outcomes and checks each against this document.
  */
 import { z } from 'zod';
 import { VERSION } from '../lib/version.js';
+import { DEVICE_ID_RE } from '../protocol/index.js';
 import { ConfirmQuery, RecoverPageQuery, accountForms } from './accounts/schemas.js';
 import type { BridgeConfig } from './config.js';
+import {
+  AUTHCODE_RE,
+  ClaimForm,
+  ClaimResponse,
+  DeviceCollection,
+  DeviceObject,
+  HISTORY_MAX,
+  HistoryList,
+  HistoryQuery,
+  VarNameParam,
+  VarTypeParam,
+  VariableRecord,
+  variableForm,
+} from './devices/schemas.js';
 import { ERRORS, type ErrorCode } from './errors.js';
 import { AppParam } from './frontends/schemas.js';
 import { COOKIE_NAME } from './sessions/cookie.js';
@@ -54,6 +70,8 @@ interface Outcome {
   description: string;
   /** Plain-text body tokens. */
   tokens?: readonly string[];
+  /** A plain-text body that is not a token: its schema. */
+  text?: Json;
   /** A JSON body: the name of a component schema. */
   json?: string;
   html?: boolean;
@@ -62,11 +80,14 @@ interface Outcome {
 }
 
 interface Route {
-  method: 'get' | 'post';
-  /** The path as the specification spells it; a trailing slash is optional on every route. */
+  method: 'get' | 'post' | 'delete';
+  /**
+   * The path as the specification spells it; a trailing slash is optional on every route. A `{name}` segment
+   * is a path parameter, described in `PATH_PARAMETERS`.
+   */
   path: string;
   operationId: string;
-  tag: 'Session' | 'User data' | 'Meta';
+  tag: 'Session' | 'User data' | 'Devices' | 'Network' | 'Meta';
   summary: string;
   description: string;
   /** required: the route needs a session; optional: the route uses one when there is one. */
@@ -287,6 +308,7 @@ function routes(config: BridgeConfig): Route[] {
         },
       },
     },
+    ...deviceRoutes(config),
     {
       method: 'get',
       path: OPENAPI_PATH,
@@ -297,6 +319,259 @@ function routes(config: BridgeConfig): Route[] {
       responses: { 200: { description: 'The OpenAPI 3.1 document.', json: 'OpenApiDocument' } },
     },
   ];
+}
+
+const NO_SESSION: Outcome = { description: 'No logged-in session (decision 3).', tokens: [token('no-session')] };
+
+/** A device route's `GET` answer for a device the user may not see, which is the answer for no device at all. */
+const DEVICE_NOT_FOUND: Outcome = {
+  description:
+    '`device-fail`: the device does not exist or the user may not see it (decision 14: the two are the same ' +
+    'answer). `not found`: an unknown frontend.',
+  tokens: [token('device-not-found'), token('not-found')],
+};
+
+function deviceRoutes(config: BridgeConfig): Route[] {
+  const d = config.devices;
+  const window = `\`devices.nearbyWindowMs\` (${d.nearbyWindowMs} ms)`;
+  const who =
+    'The device is named by its uuid or its auth code. The user may see a device it owns; and, while a device ' +
+    `has no owner and the frontend's \`nearby\` is on, a device that heard one of the user's authcodes within ` +
+    `${window} (decisions 14 and 18), whose variables the user may then read, set and delete too. Any other ` +
+    'device answers exactly as one that does not exist.';
+  const malformed = 'or a malformed body';
+  return [
+    {
+      method: 'get',
+      path: '/0/devices/',
+      operationId: 'listDevices',
+      tag: 'Devices',
+      summary: 'The devices registered to the user',
+      description:
+        'Device objects keyed by device uuid, in the order they were claimed. A device object (decision 9) has ' +
+        '`d`, `s` and `meta`, each a map from variable name to variable record; deleted variables are left out. ' +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The devices; `{}` when there are none.', json: 'DeviceCollection' },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/devices/',
+      operationId: 'claimDevice',
+      tag: 'Devices',
+      summary: 'Claim a device',
+      description:
+        "Registers the device with this auth code to the user (decision 8; one owner). Needs the frontend's " +
+        "`registration`; with its `claimRequiresProximity`, the device must have heard one of the user's " +
+        `authcodes within ${window} (decision 16). Claiming a device the user already owns answers 201 again ` +
+        'with the same id. The answer is the device uuid as text, or `{"id": "<uuid>"}` to a request with ' +
+        '`Accept: application/json`.',
+      session: 'required',
+      body: 'ClaimForm',
+      responses: {
+        201: {
+          description: "Claimed, or already the user's: the device uuid.",
+          text: { type: 'string', pattern: DEVICE_ID_RE.source },
+          json: 'ClaimResponse',
+        },
+        400: {
+          description:
+            '`auth` missing or malformed; no device has this auth code; another user owns the device; the ' +
+            "frontend's `registration` is off; `claimRequiresProximity` is on and the device has not heard the " +
+            `user within the window; ${malformed}.`,
+          tokens: [token('claim-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/devices/{id}',
+      operationId: 'getDevice',
+      tag: 'Devices',
+      summary: 'One device',
+      description: `The device object (decision 9). ${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      responses: {
+        200: { description: 'The device object.', json: 'DeviceObject' },
+        401: NO_SESSION,
+        404: DEVICE_NOT_FOUND,
+      },
+    },
+    {
+      method: 'delete',
+      path: '/0/devices/{id}',
+      operationId: 'unregisterDevice',
+      tag: 'Devices',
+      summary: 'Unregister a device',
+      description:
+        'Only the owner may. The device loses its owner, and with it what the owner kept on the server about ' +
+        'it: its `s` variables, the history of all its variables, and the record of who it heard nearby. Its ' +
+        '`d` and `meta` variables stay: they belong to the device. It can be claimed again.',
+      session: 'required',
+      responses: {
+        200: { description: 'Unregistered.', tokens: ['device-ok'] },
+        400: {
+          description: `No such device, one the user may not see, or one the user does not own; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/devices/{id}/{type}',
+      operationId: 'listVariables',
+      tag: 'Devices',
+      summary: 'The variables of one type',
+      description:
+        `Variable records keyed by name (rule 5); deleted variables are left out. ${who} ` +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The variables; `{}` when there are none.', json: 'VariableList' },
+        401: NO_SESSION,
+        404: {
+          ...DEVICE_NOT_FOUND,
+          description:
+            '`device-fail`: no device the user may see, or a type other than `d`, `s` and `meta`. `not found`: an ' +
+            'unknown frontend.',
+        },
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'getVariable',
+      tag: 'Devices',
+      summary: 'One variable, or its history',
+      description:
+        'Without `latest` and `from`: the variable (decision 9): a variable record for `d` and `s` (`d` with ' +
+        'the four stamps `time`, `acked`, `synced`, `syncacked`), the bare value as a JSON string for `meta`. ' +
+        'With `latest` or `from`: its history, newest first (decisions 10 and 11): at most `latest` entries ' +
+        `(absent, 0 or more than ${HISTORY_MAX}: ${HISTORY_MAX}), only those with an id below \`from\` when ` +
+        'given. Each entry is `{key, value | value64 | deleted: true, by, type, timestamp, id}`; `by` is ' +
+        '`device`, `user` or `server`. A variable with no history answers `[]`. History older than ' +
+        `\`devices.historyDays\` (${d.historyDays}) days is removed. ${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      query: HistoryQuery,
+      responses: {
+        200: {
+          description: 'The variable record, the bare `meta` value, or the history entries.',
+          json: 'VariableAnswer',
+        },
+        400: {
+          description: '`latest` or `from` is not a non-negative integer (or is given twice).',
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+        404: {
+          ...DEVICE_NOT_FOUND,
+          description:
+            '`device-fail`: no device the user may see; a malformed type or name; without `latest` and `from`, a ' +
+            'variable that does not exist or was deleted. `not found`: an unknown frontend.',
+        },
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'setVariable',
+      tag: 'Devices',
+      summary: 'Set a variable, or synchronise one',
+      description:
+        'Rules 1 to 3 of the specification. `type` is `d` or `s`; a variable that does not exist is created. ' +
+        '`value64` wins over `value` when both are sent. A `d` value is pushed to the device: the call returns ' +
+        'once the bridge has committed it, and `acked` stays 0 until the device acknowledges the version. A `d` ' +
+        'variable posted with no value is synchronised: its `synced` stamp advances and the current value is ' +
+        'sent again; `syncacked` follows when the device acknowledges. An `s` value is kept on the server only ' +
+        `and is never sent to the device. ${who}`,
+      session: 'required',
+      body: 'VariableForm',
+      responses: {
+        200: { description: 'Set, or synchronisation started.', tokens: ['device-ok'] },
+        400: {
+          description:
+            'No device the user may see; `type` `meta` (decision 22: meta variables are read-only) or not a ' +
+            `type; a malformed name; \`value64\` not base64; a value over \`devices.maxValueBytes\` ` +
+            `(${d.maxValueBytes}) bytes; no value for an \`s\` variable, or for a \`d\` variable that does not ` +
+            'exist or was deleted; a body that is not a set of fields (a JSON value that is not an object, a ' +
+            `non-empty body of another content type), which would otherwise read as a sync; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'delete',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'deleteVariable',
+      tag: 'Devices',
+      summary: 'Delete a variable',
+      description:
+        'Deletes a `d` or `s` variable: a new version with no value (a tombstone), recorded in the history as ' +
+        '`deleted: true`. A `d` deletion is pushed to the device and acknowledged like any other version ' +
+        `(rule 4). ${who}`,
+      session: 'required',
+      responses: {
+        200: { description: 'Deleted.', tokens: ['device-ok'] },
+        400: {
+          description:
+            'No device the user may see; `type` `meta` or not a type; a malformed name; a variable that does not ' +
+            `exist or is already deleted; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/network/',
+      operationId: 'getNetwork',
+      tag: 'Network',
+      summary: 'The devices near the user',
+      description:
+        "Decision 18: the devices that heard one of the user's authcodes (broadcast by the user's phone on UDP " +
+        `590) within ${window}, keyed by device auth code, as device objects. A device owned by another user is ` +
+        "left out. With the frontend's `nearby` off, `{}`. `Cache-Control: no-store`.",
+      session: 'required',
+      responses: {
+        200: { description: 'The nearby devices; `{}` when there are none.', json: 'DeviceCollection' },
+        401: NO_SESSION,
+      },
+    },
+  ];
+}
+
+/** The path parameters of the device routes, by name (the routes read them with `devices/schemas.ts`). */
+function pathParameters(path: string): Json[] {
+  const described: Record<string, Json> = {
+    id: {
+      description:
+        "The device uuid, or the device's auth code (a nearby id: hex, as in `GET /0/network/`); " +
+        'case-insensitive.',
+      schema: {
+        anyOf: [
+          { type: 'string', pattern: DEVICE_ID_RE.source },
+          { type: 'string', pattern: AUTHCODE_RE.source },
+        ],
+      },
+    },
+    type: {
+      description: '`d` (device variables), `s` (server variables) or `meta` (read-only).',
+      schema: jsonSchema(VarTypeParam),
+    },
+    name: { description: 'The variable name.', schema: jsonSchema(VarNameParam) },
+  };
+  return [...path.matchAll(/\{(\w+)\}/g)].map(([, name]) => ({
+    name,
+    in: 'path',
+    required: true,
+    ...described[name!],
+  }));
 }
 
 /** Statuses every route can answer besides its own. */
@@ -320,6 +595,7 @@ const SHUTTING_DOWN = {
 function response(o: Outcome): Json {
   const content: Json = {};
   if (o.tokens) content['text/plain'] = { schema: { type: 'string', enum: [...new Set(o.tokens)] } };
+  if (o.text) content['text/plain'] = { schema: o.text };
   if (o.json) content['application/json'] = { schema: { $ref: `#/components/schemas/${o.json}` } };
   if (o.html) content['text/html'] = { schema: { type: 'string' } };
   const headers: Json = {};
@@ -389,7 +665,7 @@ function operation(route: Route): Json {
     summary: route.summary,
     description: route.description,
     ...(security ? { security } : {}),
-    parameters: queryParameters(route.query),
+    parameters: [...pathParameters(route.path), ...queryParameters(route.query)],
     ...body,
     responses: responses(route),
   };
@@ -407,10 +683,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
   return {
     openapi: '3.1.0',
     info: {
-      title: 'devcloud bridge: sessions and user data',
+      title: 'devcloud bridge: sessions, user data, devices and network',
       version: VERSION,
       description:
-        'The Session and User data endpoints of the device cloud REST API. Bodies are form fields ' +
+        'The Session, User data, Devices and Network endpoints of the device cloud REST API. Bodies are form fields ' +
         '(`application/x-www-form-urlencoded`); JSON objects are accepted too. Answers are plain-text tokens ' +
         'unless stated as JSON. Every route also answers `HEAD` for `GET`, and takes its path with or without a ' +
         'trailing slash.\n\n' +
@@ -418,7 +694,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
         'parameter, else the default frontend. Each frontend has its own users and sessions.\n\n' +
         `Session: the cookie \`${COOKIE_NAME}\` (HttpOnly, SameSite=Lax, Path=/, Secure over TLS), idle timeout ` +
         `${config.sessions.idleDays} days, absolute lifetime ${config.sessions.absoluteDays} days. A route that ` +
-        'needs a session answers 401 `no-session` without one, except `GET /0/user/`, which answers 404 `not found`.',
+        'needs a session answers 401 `no-session` without one, except `GET /0/user/`, which answers 404 ' +
+        '`not found`.\n\n' +
+        'Devices (decision 14): a device the user may not see answers exactly as one that does not exist: 404 ' +
+        '`device-fail` to `GET`, 400 `device-fail` to `POST` and `DELETE`.',
     },
     servers: [
       config.http.publicUrl
@@ -437,6 +716,8 @@ export function buildOpenApi(config: BridgeConfig): Json {
     tags: [
       { name: 'Session', description: 'Sessions, accounts, confirmation and recovery.' },
       { name: 'User data', description: 'The user object.' },
+      { name: 'Devices', description: 'Claimed and nearby devices, their variables and history.' },
+      { name: 'Network', description: 'The devices near the user.' },
       { name: 'Meta', description: 'About the API.' },
     ],
     paths,
@@ -471,10 +752,24 @@ export function buildOpenApi(config: BridgeConfig): Json {
             ResendForm: account.resend,
             RecoverForm: account.recover,
             UserDataForm,
+            ClaimForm,
+            VariableForm: variableForm(config.devices.maxValueBytes),
           },
           'input',
         ),
-        ...components({ User: UserObject }, 'output'),
+        ...components(
+          {
+            User: UserObject,
+            VariableRecord,
+            VariableList: z.record(z.string(), VariableRecord),
+            DeviceObject,
+            DeviceCollection,
+            HistoryList,
+            VariableAnswer: z.union([VariableRecord, z.string(), HistoryList]),
+            ClaimResponse,
+          },
+          'output',
+        ),
         OpenApiDocument: { type: 'object', required: ['openapi', 'info', 'paths'] },
       },
     },

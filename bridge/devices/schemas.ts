@@ -48,7 +48,7 @@ export function variableForm(maxValueBytes: number) {
       .meta({ description: `The new value as text, at most ${maxValueBytes} bytes of UTF-8.` }),
     value64: z
       .string()
-      .regex(/^[A-Za-z0-9+/]*={0,2}$/)
+      .regex(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/)
       .refine((s) => s.length % 4 === 0, 'not base64')
       .optional()
       .meta({ description: `The new value as base64 (binary values), at most ${maxValueBytes} bytes decoded.` }),
@@ -71,7 +71,7 @@ export const HistoryQuery = z.object({
   app: AppField,
 });
 
-export const ClaimResponse = z.object({ id: z.uuid() });
+export const ClaimResponse = z.object({ id: z.string().regex(DEVICE_ID_RE) });
 
 const VarRecordOut = z.object({
   value: z.string().optional(),

@@ -160,7 +160,10 @@ export class DeviceStore {
     this.s = {
       device: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE id = ?'),
       byAuthcode: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE authcode = ?'),
-      ofOwner: db.prepare<[number], DeviceRow>('SELECT * FROM devices WHERE owner_id = ? ORDER BY claimed_at, id'),
+      // From the owner index alone (its key ends with the primary key): no row of the table is read.
+      idsOfOwner: db
+        .prepare<[number], string>('SELECT id FROM devices WHERE owner_id = ? ORDER BY claimed_at, id')
+        .pluck(),
       secret: db.prepare<[string], { secret_hash: string | null }>('SELECT secret_hash FROM devices WHERE id = ?'),
       enroll: db.prepare(
         `INSERT INTO devices (id, secret_hash, enrolled_at) VALUES (@id, @hash, @now)
@@ -249,9 +252,9 @@ export class DeviceStore {
     return r && toDevice(r);
   }
 
-  /** The devices registered to a user, in the order they were claimed. */
-  devicesOf(userId: number): Device[] {
-    return this.s.ofOwner.all(userId).map(toDevice);
+  /** The ids of the devices registered to a user, in the order they were claimed. */
+  deviceIdsOf(userId: number): string[] {
+    return this.s.idsOfOwner.all(userId);
   }
 
   secretHash(deviceId: string): string | undefined {

@@ -45,6 +45,9 @@ describe('config/bridge.example.yaml', () => {
     expect(c.http.keyFile).toBeDefined();
     expect(c.http.publicUrl).toBeDefined();
     expect(c.mqtt.url).toBeDefined();
+    expect(c.mqtt.username).toBeDefined();
+    expect(c.mqtt.passwordFile).toBeDefined();
+    expect(c.mqtt.caFile).toBeDefined();
     expect(c.mail.outboxDir).toBeDefined();
     expect(c.mail.smtp).toMatchObject({ host: 'smtp.example.com', port: 587, secure: false, timeoutMs: 10_000 });
   });

@@ -2,9 +2,10 @@
  * The API document (`GET /0/openapi.json`) against the routes it describes: every route the app registers is
  * in it; every route, driven through each of its outcomes, answers only statuses and tokens the document lists,
  * and answers every status the document lists for it; and the request schemas in it reject what the routes
- * reject.
+ * reject. The device routes are driven against devices written into the bridge's store, as the MQTT side would
+ * write them.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
@@ -52,8 +53,12 @@ interface Doc {
 /** Statuses every route documents that these tests cannot bring about on demand: a crash, and a shutdown. */
 const NOT_PROVOKED = ['500', '503'];
 
-/** A path as the router knows it: the document spells some with the specification's trailing slash. */
-const routeKey = (method: string, path: string) => `${method.toUpperCase()} ${path.replace(/(.)\/$/, '$1')}`;
+/**
+ * A path as the router knows it: the document spells some with the specification's trailing slash, and its path
+ * parameters as `{name}` where the router has `:name`.
+ */
+const routeKey = (method: string, path: string) =>
+  `${method.toUpperCase()} ${path.replace(/\{(\w+)\}/g, ':$1').replace(/(.)\/$/, '$1')}`;
 
 /** Every method and path the app serves, read from Fastify's own route tree. */
 function registeredRoutes(app: FastifyInstance): string[] {
@@ -88,14 +93,17 @@ function resolve(doc: Doc, schema: Json): Json {
   return doc.components.schemas[name]!;
 }
 
+type Method = 'GET' | 'POST' | 'DELETE';
+
 interface Call {
-  method?: 'GET' | 'POST';
+  method?: Method;
   url: string;
   form?: Record<string, string>;
   json?: unknown;
   /** A body sent as is, with its content type. */
   raw?: { type: string; body: string | Buffer };
   cookie?: string;
+  accept?: string;
 }
 
 interface Answer {
@@ -121,6 +129,7 @@ async function call(app: FastifyInstance, c: Call): Promise<Answer> {
     payload = c.raw.body;
   }
   if (c.cookie) headers.cookie = `sid=${c.cookie}`;
+  if (c.accept) headers.accept = c.accept;
   const res = await app.inject({
     method: c.method ?? 'POST',
     url: c.url,
@@ -232,8 +241,12 @@ function expectDocumented(op: Operation, answer: Answer, label: string): void {
   expect(documented, `${label}: status ${answer.status} (${answer.body.slice(0, 60)}) is documented`).toBeDefined();
   const media = documented!.content?.[answer.type];
   expect(media, `${label}: ${answer.type} is documented for ${answer.status}`).toBeDefined();
-  if (answer.type === 'text/plain') {
+  if (answer.type === 'text/plain' && media!.schema.enum) {
     expect(media!.schema.enum, `${label}: token`).toContain(answer.body);
+  } else if (answer.type === 'text/plain') {
+    expect(docSchema(doc, media!.schema).safeParse(answer.body).success, `${label}: text matches the document`).toBe(
+      true,
+    );
   } else if (answer.type === 'application/json') {
     const parsed = docSchema(doc, resolve(doc, media!.schema)).safeParse(JSON.parse(answer.body));
     expect(parsed.success, `${label}: JSON body matches the document`).toBe(true);
@@ -255,10 +268,13 @@ interface Case {
   run: () => Promise<Answer>;
 }
 
-/** Runs a route's cases, checks each against the document, then that the document lists no status they missed. */
-async function driveRoute(method: 'GET' | 'POST', path: string, cases: Case[]): Promise<void> {
+/**
+ * Runs a route's cases, checks each against the document, then that the document lists no status they missed.
+ * `url` is a path the route serves, for a path with parameters.
+ */
+async function driveRoute(method: Method, path: string, cases: Case[], url = path): Promise<void> {
   const op = operation(method, path);
-  const unknownFrontend = `${path}${path.includes('?') ? '&' : '?'}app=${randomUUID()}`;
+  const unknownFrontend = `${url}${url.includes('?') ? '&' : '?'}app=${randomUUID()}`;
   const all: Case[] = [
     ...cases,
     {
@@ -341,11 +357,49 @@ describe('the document', () => {
     const config = BridgeConfigSchema.parse({
       dataDir: '/nowhere',
       accounts: { passwordMin: 12, passwordMax: 100, loginMax: 64 },
+      devices: { maxValueBytes: 1234, nearbyWindowMs: 60_000 },
     });
     const built = buildOpenApi(config) as unknown as Doc;
     const signup = built.components.schemas.SignupForm as { properties: Record<string, Json> };
     expect(signup.properties.password).toMatchObject({ minLength: 12, maxLength: 100 });
     expect(signup.properties.login).toMatchObject({ maxLength: 64, format: 'email' });
+    const variable = built.components.schemas.VariableForm as { properties: Record<string, Json> };
+    expect(variable.properties.value!.description).toContain('1234 bytes');
+    expect(JSON.stringify(built.paths['/0/network/'])).toContain('60000 ms');
+  });
+
+  it('declares every path parameter, and the history query of a variable', () => {
+    for (const [path, ops] of Object.entries(doc.paths)) {
+      const names = [...path.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
+      for (const op of Object.values(ops)) {
+        const declared = op.parameters.filter((p) => p.in === 'path').map((p) => p.name);
+        expect(declared, `${op.operationId}: path parameters`).toEqual(names);
+        for (const p of op.parameters.filter((q) => q.in === 'path')) expect(p.required).toBe(true);
+      }
+    }
+    const params = operation('GET', '/0/devices/{id}/{type}/{name}').parameters;
+    expect(params).toContainEqual(expect.objectContaining({ name: 'latest', in: 'query', required: false }));
+    expect(params).toContainEqual(expect.objectContaining({ name: 'from', in: 'query', required: false }));
+    const type = params.find((p) => p.name === 'type')!;
+    expect(type.schema).toMatchObject({ enum: ['d', 's', 'meta'] });
+  });
+
+  it('has answer schemas that refuse what the routes never answer', () => {
+    const check = (schema: string, value: unknown) =>
+      docSchema(doc, doc.components.schemas[schema]!).safeParse(value).success;
+    const record = { value: 'on', time: 1, acked: 0, synced: 0, syncacked: 0 };
+    expect(check('VariableRecord', record)).toBe(true);
+    expect(check('VariableRecord', { value: 1, time: 1 })).toBe(false);
+    expect(check('DeviceObject', { d: { led: record }, s: {}, meta: {} })).toBe(true);
+    expect(check('DeviceObject', { d: { led: record }, s: {} })).toBe(false);
+    expect(check('DeviceCollection', { x: { d: {}, s: {}, meta: { state: { value: 1 } } } })).toBe(false);
+    const entry = { key: 'led', by: 'user', type: 'd', timestamp: 1, id: 1 };
+    expect(check('HistoryList', [{ ...entry, deleted: true }])).toBe(true);
+    expect(check('HistoryList', [{ ...entry, by: 'someone' }])).toBe(false);
+    expect(check('VariableAnswer', 'connected')).toBe(true);
+    expect(check('VariableAnswer', 5)).toBe(false);
+    expect(check('ClaimResponse', { id: randomUUID() })).toBe(true);
+    expect(check('ClaimResponse', { id: 'nope' })).toBe(false);
   });
 });
 
@@ -655,6 +709,476 @@ describe('every route answers what the document lists', () => {
   });
 });
 
+/** Who the device routes are driven as, and the devices they are driven against. */
+interface DeviceWorld {
+  /** Owns `own` and `spare`, and is near `nearby` and `foreign`. */
+  owner: { sid: string; id: number };
+  /** Owns `foreign`; sees nothing of the owner's. */
+  stranger: { sid: string; id: number };
+  /** A user of a frontend whose `nearby` is off, near `nearby` too. */
+  far: { sid: string; app: string };
+  own: SeededDevice;
+  spare: SeededDevice;
+  nearby: SeededDevice;
+  foreign: SeededDevice;
+  unclaimed: SeededDevice;
+}
+
+interface SeededDevice {
+  id: string;
+  authcode: string;
+}
+
+/**
+ * A device as the bridge keeps it after its hello: an auth code, `meta` `state` and `unique`, a `d` variable
+ * `led` with two versions (the device's, then a user's) and a binary `s` variable `blob`.
+ */
+async function seedDevice(opts: { owner?: number; heardBy?: number[] } = {}): Promise<SeededDevice> {
+  const id = randomUUID();
+  const authcode = randomBytes(16).toString('hex');
+  const now = main.clock.now();
+  const devices = main.store.devices;
+  await main.store.write(() => {
+    devices.touch(id, now);
+    devices.setAuthcode(id, authcode);
+    devices.setMeta(id, 'unique', id, now, 'device');
+    devices.setMeta(id, 'state', 'connected', now, 'server');
+    devices.putVersion(
+      id,
+      { type: 'd', name: 'led', value: Buffer.from('off'), time: now - 2, origin: 'device' },
+      now,
+      'device',
+    );
+    devices.putVersion(
+      id,
+      { type: 'd', name: 'led', value: Buffer.from('on'), time: now - 1, origin: 'cloud' },
+      0,
+      'user',
+    );
+    devices.putVersion(
+      id,
+      { type: 's', name: 'blob', value: Buffer.from([0xff, 0x00, 0x80]), time: now, origin: 'cloud' },
+      now,
+      'user',
+    );
+    if (opts.owner !== undefined) devices.claim(id, opts.owner, now);
+    for (const user of opts.heardBy ?? []) devices.heard(id, user, now);
+  });
+  return { id, authcode };
+}
+
+async function deviceUser(app?: string): Promise<{ sid: string; id: number }> {
+  const login = `device-user${++users}@example.com`;
+  const r = await call(main.app, {
+    url: `/0/session/signup${app ? `?app=${app}` : ''}`,
+    form: { login, password: 'correct horse battery' },
+  });
+  expect(r.status).toBe(201);
+  const user = main.store.userByLogin(app ?? main.defaultFrontend.id, login)!;
+  return { sid: r.sid!, id: user.id };
+}
+
+let world: DeviceWorld;
+
+async function makeWorld(): Promise<DeviceWorld> {
+  const owner = await deviceUser();
+  const stranger = await deviceUser();
+  const farFrontend = main.addFrontend({ nearby: false });
+  const far = await deviceUser(farFrontend.id);
+  return {
+    owner,
+    stranger,
+    far: { sid: far.sid, app: farFrontend.id },
+    own: await seedDevice({ owner: owner.id }),
+    spare: await seedDevice({ owner: owner.id }),
+    nearby: await seedDevice({ heardBy: [owner.id, far.id] }),
+    foreign: await seedDevice({ owner: stranger.id, heardBy: [owner.id] }),
+    unclaimed: await seedDevice(),
+  };
+}
+
+describe('every device and network route answers what the document lists', () => {
+  beforeAll(async () => {
+    world = await makeWorld();
+  });
+
+  const get = (url: string, sid?: string) => () =>
+    call(main.app, { method: 'GET', url, ...(sid ? { cookie: sid } : {}) });
+  const del = (url: string, sid?: string) => () =>
+    call(main.app, { method: 'DELETE', url, ...(sid ? { cookie: sid } : {}) });
+  const post = (url: string, form: Record<string, string> | undefined, sid?: string) => () =>
+    call(main.app, { url, ...(form ? { form } : {}), ...(sid ? { cookie: sid } : {}) });
+
+  it('GET /0/devices/', async () => {
+    await driveRoute('GET', '/0/devices/', [
+      {
+        name: "the owner's devices",
+        status: 200,
+        run: async () => {
+          const r = await get('/0/devices/', world.owner.sid)();
+          expect(Object.keys(JSON.parse(r.body) as Json).sort()).toEqual([world.own.id, world.spare.id].sort());
+          return r;
+        },
+      },
+      { name: 'no devices', status: 200, run: get(`/0/devices/?app=${world.far.app}`, world.far.sid) },
+      { name: 'no session', status: 401, token: 'no-session', run: get('/0/devices/') },
+    ]);
+  });
+
+  it('POST /0/devices/', async () => {
+    const claim = (auth: string, sid?: string, accept?: string) => () =>
+      call(main.app, {
+        url: '/0/devices/',
+        form: { auth },
+        ...(sid ? { cookie: sid } : {}),
+        ...(accept ? { accept } : {}),
+      });
+    await driveRoute('POST', '/0/devices/', [
+      {
+        name: 'an unclaimed device',
+        status: 201,
+        token: world.unclaimed.id,
+        run: claim(world.unclaimed.authcode, world.owner.sid),
+      },
+      {
+        name: 'the same claim again, asking for JSON',
+        status: 201,
+        run: async () => {
+          const r = await claim(world.unclaimed.authcode.toUpperCase(), world.owner.sid, 'application/json')();
+          expect(r.type).toBe('application/json');
+          expect(JSON.parse(r.body)).toEqual({ id: world.unclaimed.id });
+          return r;
+        },
+      },
+      {
+        name: "another user's device",
+        status: 400,
+        token: 'claim-fail',
+        run: claim(world.own.authcode, world.stranger.sid),
+      },
+      {
+        name: 'an unknown auth code',
+        status: 400,
+        token: 'claim-fail',
+        run: claim(randomBytes(16).toString('hex'), world.owner.sid),
+      },
+      { name: 'a malformed auth code', status: 400, token: 'claim-fail', run: claim('not hex', world.owner.sid) },
+      {
+        name: 'malformed JSON',
+        status: 400,
+        token: 'claim-fail',
+        run: () => call(main.app, { url: '/0/devices/', raw: MALFORMED_JSON, cookie: world.owner.sid }),
+      },
+      { name: 'no session', status: 401, token: 'no-session', run: claim(world.unclaimed.authcode) },
+    ]);
+  });
+
+  it('GET /0/devices/{id}', async () => {
+    const { own, nearby, foreign, owner, stranger } = world;
+    await driveRoute(
+      'GET',
+      '/0/devices/{id}',
+      [
+        { name: 'an own device by uuid', status: 200, run: get(`/0/devices/${own.id}`, owner.sid) },
+        { name: 'an own device by auth code', status: 200, run: get(`/0/devices/${own.authcode}`, owner.sid) },
+        { name: 'a nearby unowned device', status: 200, run: get(`/0/devices/${nearby.authcode}`, owner.sid) },
+        {
+          name: 'a nearby device owned by another user',
+          status: 404,
+          token: 'device-fail',
+          run: get(`/0/devices/${foreign.authcode}`, owner.sid),
+        },
+        {
+          name: "another user's device",
+          status: 404,
+          token: 'device-fail',
+          run: get(`/0/devices/${own.id}`, stranger.sid),
+        },
+        {
+          name: 'an unknown device',
+          status: 404,
+          token: 'device-fail',
+          run: get(`/0/devices/${randomUUID()}`, owner.sid),
+        },
+        { name: 'a malformed id', status: 404, token: 'device-fail', run: get('/0/devices/nope', owner.sid) },
+        { name: 'no session', status: 401, token: 'no-session', run: get(`/0/devices/${own.id}`) },
+      ],
+      `/0/devices/${own.id}`,
+    );
+  });
+
+  it('DELETE /0/devices/{id}', async () => {
+    const { spare, nearby, own, owner, stranger } = world;
+    await driveRoute(
+      'DELETE',
+      '/0/devices/{id}',
+      [
+        { name: 'an own device', status: 200, token: 'device-ok', run: del(`/0/devices/${spare.id}`, owner.sid) },
+        {
+          name: 'the same device again, now unregistered',
+          status: 400,
+          token: 'device-fail',
+          run: del(`/0/devices/${spare.id}`, owner.sid),
+        },
+        {
+          name: 'a nearby device the user does not own',
+          status: 400,
+          token: 'device-fail',
+          run: del(`/0/devices/${nearby.authcode}`, owner.sid),
+        },
+        {
+          name: "another user's device",
+          status: 400,
+          token: 'device-fail',
+          run: del(`/0/devices/${own.id}`, stranger.sid),
+        },
+        { name: 'no session', status: 401, token: 'no-session', run: del(`/0/devices/${own.id}`) },
+      ],
+      `/0/devices/${own.id}`,
+    );
+  });
+
+  it('GET /0/devices/{id}/{type}', async () => {
+    const { own, nearby, owner, stranger } = world;
+    await driveRoute(
+      'GET',
+      '/0/devices/{id}/{type}',
+      [
+        { name: 'd', status: 200, run: get(`/0/devices/${own.id}/d`, owner.sid) },
+        { name: 's, with a binary value', status: 200, run: get(`/0/devices/${own.id}/s`, owner.sid) },
+        { name: 'meta of a nearby device', status: 200, run: get(`/0/devices/${nearby.authcode}/meta`, owner.sid) },
+        { name: 'an unknown type', status: 404, token: 'device-fail', run: get(`/0/devices/${own.id}/x`, owner.sid) },
+        {
+          name: "another user's device",
+          status: 404,
+          token: 'device-fail',
+          run: get(`/0/devices/${own.id}/d`, stranger.sid),
+        },
+        { name: 'no session', status: 401, token: 'no-session', run: get(`/0/devices/${own.id}/d`) },
+      ],
+      `/0/devices/${own.id}/d`,
+    );
+  });
+
+  it('GET /0/devices/{id}/{type}/{name}', async () => {
+    const { own, owner, stranger } = world;
+    const base = `/0/devices/${own.id}`;
+    await call(main.app, { method: 'DELETE', url: `${base}/s/gone`, cookie: owner.sid });
+    await call(main.app, { url: `${base}/s/gone`, form: { value: 'x' }, cookie: owner.sid });
+    expect((await del(`${base}/s/gone`, owner.sid)()).body).toBe('device-ok');
+    let newest = 0;
+    await driveRoute(
+      'GET',
+      '/0/devices/{id}/{type}/{name}',
+      [
+        {
+          name: 'a d variable',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/d/led`, owner.sid)();
+            expect(JSON.parse(r.body)).toMatchObject({ value: 'on', acked: 0, synced: 0, syncacked: 0 });
+            return r;
+          },
+        },
+        {
+          name: 'a binary s variable',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/s/blob`, owner.sid)();
+            expect(JSON.parse(r.body)).toEqual({ value64: '/wCA', time: main.clock.now() });
+            return r;
+          },
+        },
+        {
+          name: 'a meta variable, bare',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/meta/state`, owner.sid)();
+            expect(JSON.parse(r.body)).toBe('connected');
+            return r;
+          },
+        },
+        {
+          name: 'history, latest=1',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/d/led?latest=1`, owner.sid)();
+            const entries = JSON.parse(r.body) as Array<{ id: number; value: string; by: string }>;
+            expect(entries).toMatchObject([{ key: 'led', value: 'on', by: 'user', type: 'd' }]);
+            newest = entries[0]!.id;
+            return r;
+          },
+        },
+        {
+          name: 'history, from the newest entry back',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/d/led?from=${newest}`, owner.sid)();
+            expect(JSON.parse(r.body)).toMatchObject([{ value: 'off', by: 'device' }]);
+            return r;
+          },
+        },
+        {
+          name: 'history of a deleted variable',
+          status: 200,
+          run: async () => {
+            const r = await get(`${base}/s/gone?latest=0`, owner.sid)();
+            expect(JSON.parse(r.body)).toMatchObject([{ deleted: true, by: 'user' }, { value: 'x' }]);
+            return r;
+          },
+        },
+        {
+          name: 'latest not a number',
+          status: 400,
+          token: 'device-fail',
+          run: get(`${base}/d/led?latest=ten`, owner.sid),
+        },
+        { name: 'a negative from', status: 400, token: 'device-fail', run: get(`${base}/d/led?from=-1`, owner.sid) },
+        { name: 'a deleted variable', status: 404, token: 'device-fail', run: get(`${base}/s/gone`, owner.sid) },
+        { name: 'an unknown variable', status: 404, token: 'device-fail', run: get(`${base}/d/none`, owner.sid) },
+        {
+          name: "another user's device",
+          status: 404,
+          token: 'device-fail',
+          run: get(`${base}/d/led`, stranger.sid),
+        },
+        { name: 'no session', status: 401, token: 'no-session', run: get(`${base}/d/led`) },
+      ],
+      `${base}/d/led`,
+    );
+  });
+
+  it('POST /0/devices/{id}/{type}/{name}', async () => {
+    const { own, nearby, owner, stranger } = world;
+    const base = `/0/devices/${own.id}`;
+    await driveRoute(
+      'POST',
+      '/0/devices/{id}/{type}/{name}',
+      [
+        {
+          name: 'a d value',
+          status: 200,
+          token: 'device-ok',
+          run: post(`${base}/d/led`, { value: 'blink' }, owner.sid),
+        },
+        {
+          name: 'an s value in base64, with a value that loses',
+          status: 200,
+          token: 'device-ok',
+          run: async () => {
+            const r = await post(`${base}/s/raw`, { value: 'ignored', value64: '/wCA' }, owner.sid)();
+            const rec = JSON.parse((await get(`${base}/s/raw`, owner.sid)()).body) as Json;
+            expect(rec).toMatchObject({ value64: '/wCA' });
+            return r;
+          },
+        },
+        { name: 'a d sync', status: 200, token: 'device-ok', run: post(`${base}/d/led`, undefined, owner.sid) },
+        {
+          name: 'a d value on a nearby unowned device',
+          status: 200,
+          token: 'device-ok',
+          run: post(`/0/devices/${nearby.authcode}/d/led`, { value: 'near' }, owner.sid),
+        },
+        {
+          name: 'a meta variable',
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/meta/state`, { value: 'x' }, owner.sid),
+        },
+        {
+          name: 'an s variable with no value',
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/s/raw`, undefined, owner.sid),
+        },
+        {
+          name: 'a sync of no variable',
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/d/none`, undefined, owner.sid),
+        },
+        {
+          name: 'value64 not base64',
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/s/raw`, { value64: 'abc' }, owner.sid),
+        },
+        {
+          name: 'a value over devices.maxValueBytes',
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/s/raw`, { value: 'x'.repeat(main.config.devices.maxValueBytes + 1) }, owner.sid),
+        },
+        {
+          name: "another user's device",
+          status: 400,
+          token: 'device-fail',
+          run: post(`${base}/d/led`, { value: 'x' }, stranger.sid),
+        },
+        {
+          name: 'malformed JSON',
+          status: 400,
+          token: 'device-fail',
+          run: () => call(main.app, { url: `${base}/d/led`, raw: MALFORMED_JSON, cookie: owner.sid }),
+        },
+        {
+          name: 'a JSON array, which is not fields and so not a sync',
+          status: 400,
+          token: 'device-fail',
+          run: () => call(main.app, { url: `${base}/d/led`, json: ['on'], cookie: owner.sid }),
+        },
+        { name: 'no session', status: 401, token: 'no-session', run: post(`${base}/d/led`, { value: 'x' }) },
+      ],
+      `${base}/d/led`,
+    );
+  });
+
+  it('DELETE /0/devices/{id}/{type}/{name}', async () => {
+    const { own, owner, stranger } = world;
+    const base = `/0/devices/${own.id}`;
+    await post(`${base}/d/temp`, { value: '21' }, owner.sid)();
+    await driveRoute(
+      'DELETE',
+      '/0/devices/{id}/{type}/{name}',
+      [
+        { name: 'a d variable', status: 200, token: 'device-ok', run: del(`${base}/d/temp`, owner.sid) },
+        { name: 'the same again', status: 400, token: 'device-fail', run: del(`${base}/d/temp`, owner.sid) },
+        { name: 'a meta variable', status: 400, token: 'device-fail', run: del(`${base}/meta/state`, owner.sid) },
+        { name: "another user's device", status: 400, token: 'device-fail', run: del(`${base}/d/led`, stranger.sid) },
+        { name: 'no session', status: 401, token: 'no-session', run: del(`${base}/d/led`) },
+      ],
+      `${base}/d/led`,
+    );
+  });
+
+  it('GET /0/network/', async () => {
+    const { owner, nearby, foreign, far } = world;
+    await driveRoute('GET', '/0/network/', [
+      {
+        name: 'nearby devices: the unowned one, not the one another user owns',
+        status: 200,
+        run: async () => {
+          const r = await get('/0/network/', owner.sid)();
+          const keys = Object.keys(JSON.parse(r.body) as Json);
+          expect(keys).toContain(nearby.authcode);
+          expect(keys).not.toContain(foreign.authcode);
+          return r;
+        },
+      },
+      {
+        name: 'a frontend whose nearby is off',
+        status: 200,
+        run: async () => {
+          const r = await get(`/0/network/?app=${far.app}`, far.sid)();
+          expect(r.body).toBe('{}');
+          return r;
+        },
+      },
+      { name: 'no session', status: 401, token: 'no-session', run: get('/0/network/') },
+    ]);
+  });
+});
+
 describe('the request schemas in the document', () => {
   /** The route's answer and the document's verdict on the same body agree. */
   async function agree(path: string, schema: string, body: Json, cookie?: string): Promise<boolean> {
@@ -679,6 +1203,21 @@ describe('the request schemas in the document', () => {
     expect(await agree('/0/session/resend', 'ResendForm', { login: ['x@example.com'] })).toBe(false);
     expect(await agree('/0/user/', 'UserDataForm', { a: 'b', c: 1 }, u.sid)).toBe(false);
     expect(await agree('/0/user/', 'UserDataForm', { a: 'b', app: main.defaultFrontend.id }, u.sid)).toBe(true);
+  });
+
+  it('of the device routes reject what the routes reject, and accept what they accept', async () => {
+    const u = await deviceUser();
+    const device = await seedDevice({ owner: u.id });
+    expect(await agree('/0/devices/', 'ClaimForm', { auth: 'not hex' }, u.sid)).toBe(false);
+    expect(await agree('/0/devices/', 'ClaimForm', { auth: 12345678 }, u.sid)).toBe(false);
+    expect(await agree('/0/devices/', 'ClaimForm', {}, u.sid)).toBe(false);
+    expect(await agree('/0/devices/', 'ClaimForm', { auth: device.authcode }, u.sid)).toBe(true);
+    const v = `/0/devices/${device.id}/s/raw`;
+    expect(await agree(v, 'VariableForm', { value64: 'abc' }, u.sid)).toBe(false);
+    expect(await agree(v, 'VariableForm', { value64: 'ab=c' }, u.sid)).toBe(false);
+    expect(await agree(v, 'VariableForm', { value: 5 }, u.sid)).toBe(false);
+    expect(await agree(v, 'VariableForm', { value64: '/wCA' }, u.sid)).toBe(true);
+    expect(await agree(v, 'VariableForm', { value: 'x', value64: 'AA==' }, u.sid)).toBe(true);
   });
 
   it('says that a password reset needs the password, and that the confirmation link needs its token', async () => {
