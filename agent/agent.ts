@@ -7,19 +7,23 @@
  * - `deadleaf`: wakes every `d` variable `deadleaf` seconds (default 300), syncs, and sleeps; while asleep the
  *   retained `state` is `sleeping`.
  */
+import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { type Logger, type LogLevel } from '../lib/log.js';
 import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
 import { VERSION } from '../lib/version.js';
 import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
+import { CommandQueue, type Outcome } from './commands/queue.js';
+import { CommandRunner } from './commands/runner.js';
 import { type Identity, loadIdentity } from './identity.js';
+import { AGENT_MIGRATIONS } from './migrations.js';
 import { LocalServer } from './local/server.js';
 import { NearbyListener } from './nearby/listener.js';
 import { HeardReporter } from './nearby/reporter.js';
 import { type DownMessage, Uplink, safeUrl } from './uplink.js';
 import { ChangeHook } from './vars/hooks.js';
-import { VAR_MIGRATIONS, VarStore } from './vars/store.js';
+import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
 
 export type AgentMode = Mode;
@@ -32,7 +36,15 @@ export interface AgentDeps {
   log: Logger;
   env?: NodeJS.ProcessEnv;
   now?: () => number;
+  /**
+   * What the `restart` command does once the agent has stopped: by default the process exits with status 75, and
+   * its service manager starts it again.
+   */
+  onRestart?: () => void;
 }
+
+/** The exit status of a restart asked for by the `restart` command (EX_TEMPFAIL: "try again"). */
+export const RESTART_EXIT_CODE = 75;
 
 export class Agent {
   readonly identity: Identity;
@@ -40,6 +52,8 @@ export class Agent {
   readonly uplink: Uplink;
   readonly nearby: NearbyListener;
   readonly local: LocalServer;
+  readonly commands: CommandRunner;
+  readonly queue: CommandQueue;
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   private readonly reporter: HeardReporter;
@@ -58,6 +72,7 @@ export class Agent {
     private readonly log: Logger,
     private readonly now: () => number,
     env: NodeJS.ProcessEnv,
+    private readonly onRestart: () => void,
   ) {
     this.startedAt = now();
     const { identity, source } = loadIdentity(config.stateDir, config.identity.provisioningFile);
@@ -65,7 +80,7 @@ export class Agent {
     log.setBindings({ deviceId: identity.deviceId });
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
-    this.db = openDatabase(join(config.stateDir, 'agent.db'), VAR_MIGRATIONS);
+    this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS);
     this.commit = new GroupCommitter(this.db);
     const store = new VarStore(this.db, config.store.historyLimit);
 
@@ -91,6 +106,42 @@ export class Agent {
       maxValueBytes: config.store.maxValueBytes,
       now,
       log,
+    });
+    this.queue = new CommandQueue(this.db);
+    const cmd = config.commands;
+    const uplink = this.uplink;
+    this.commands = new CommandRunner({
+      queue: this.queue,
+      commit: this.commit,
+      reporter: {
+        publish: (payload, onAck) => uplink.publish('up/cmd', payload, onAck),
+        get connected() {
+          return uplink.connected;
+        },
+      },
+      actions: {
+        identify: () => ({
+          deviceId: identity.deviceId,
+          platform: config.platform,
+          fwVersion: config.fwVersion,
+          agentVersion: VERSION,
+        }),
+        reboot: () => this.reboot(),
+        restart: () => {
+          void this.stop().then(() => this.onRestart());
+        },
+        factoryReset: () => this.factoryReset(),
+      },
+      now,
+      log,
+      concurrency: cmd.concurrency,
+      commandsDir: cmd.dir,
+      timeoutMs: cmd.timeoutMs,
+      outputBytes: cmd.outputBytes,
+      allowFactoryReset: cmd.allowFactoryReset,
+      allowReboot: cmd.allowReboot,
+      env: { DEVCLOUD_DEVICE_ID: identity.deviceId },
+      keepMs: cmd.keepDays * 86_400_000,
     });
     this.reporter = new HeardReporter(this.uplink, config.udp.maxAgeMs, now);
     this.nearby = new NearbyListener({
@@ -126,13 +177,20 @@ export class Agent {
 
   /** Starts an agent; throws on what it cannot run without (identity, database, socket). */
   static async start(deps: AgentDeps): Promise<Agent> {
-    const agent = new Agent(deps.config, deps.log, deps.now ?? Date.now, deps.env ?? process.env);
+    const agent = new Agent(
+      deps.config,
+      deps.log,
+      deps.now ?? Date.now,
+      deps.env ?? process.env,
+      deps.onRestart ?? (() => process.exit(RESTART_EXIT_CODE)),
+    );
     try {
       await agent.local.start();
     } catch (err) {
       agent.db.close();
       throw err;
     }
+    await agent.commands.start();
     agent.mode = agent.readMode();
     if (agent.mode === 'master') await agent.startNearby();
     deps.log.info({
@@ -155,6 +213,7 @@ export class Agent {
     clearInterval(this.settleTimer);
     this.local.stopAccepting();
     this.nearby.stop();
+    this.commands.stop();
     this.commit.flush();
     // Let the acknowledgements of what just committed go out before the connection closes.
     await new Promise((r) => setImmediate(r));
@@ -182,6 +241,7 @@ export class Agent {
       dropped: this.uplink.dropped,
       nearby: { port: this.nearby.port ?? null, listening: this.nearby.listening, ...this.nearby.counters },
       hook: this.hook?.counters ?? null,
+      commands: { ...this.queue.counts(), ...this.commands.counters },
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
     };
@@ -192,6 +252,7 @@ export class Agent {
       this.touch();
       this.vars.onConnected();
       this.reporter.onConnected();
+      this.commands.onConnected();
       // A wake is already settling (its time budget runs from the wake); this starts one after a mode change.
       if (this.mode === 'deadleaf' && this.settleTimer === undefined) this.startSettling();
     });
@@ -213,11 +274,11 @@ export class Agent {
         this.vars.handleAcks(msg.payload);
         return;
       case 'down/cmd':
-        this.log.warn({
-          event: 'cmd.unsupported',
-          cmd: msg.payload.cmd,
-          reason: 'this agent does not run commands yet',
-        });
+        void this.commands
+          .onCommand(msg.payload)
+          .catch((err: unknown) =>
+            this.log.error({ event: 'cmd.store_failed', cmd: msg.payload.cmd, err: String(err) }),
+          );
         return;
       case 'down/fw':
         this.log.warn({
@@ -249,6 +310,36 @@ export class Agent {
       bootTime: this.startedAt,
       ts: this.now(),
     };
+  }
+
+  /** The `reboot` command: runs the configured reboot command; the gateway going down is its success. */
+  private reboot(): Promise<Outcome> {
+    const [file, ...args] = this.config.commands.rebootCommand;
+    this.log.warn({ event: 'cmd.reboot', command: this.config.commands.rebootCommand.join(' ') });
+    return new Promise<Outcome>((resolve) => {
+      const child = spawn(file!, args, { stdio: 'ignore' });
+      child.on('error', (err) => resolve({ state: 'failed', reason: `cannot run the reboot command: ${err.message}` }));
+      child.on('exit', (code, signal) => {
+        if (code !== 0) {
+          resolve({ state: 'failed', exitCode: code, signal, reason: `the reboot command exited with status ${code}` });
+          return;
+        }
+        // The gateway is going down; were it still up in five minutes, the reboot did not happen.
+        setTimeout(() => resolve({ state: 'failed', reason: 'the gateway did not reboot' }), 300_000).unref();
+      });
+    });
+  }
+
+  /** The `frmt` command: deletes every variable (tombstones, synchronised like any deletion). */
+  private async factoryReset(): Promise<number> {
+    let n = 0;
+    for (const type of ['d', 's'] as const) {
+      for (const rec of this.vars.list(type)) {
+        await this.vars.remove(type, rec.name);
+        n++;
+      }
+    }
+    return n;
   }
 
   private readMode(): AgentMode {

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
 import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
-import { MAX_VALUE_BYTES } from '../protocol/index.js';
+import { MAX_OUTPUT_BYTES, MAX_VALUE_BYTES } from '../protocol/index.js';
 
 const mqttUrl = z
   .string()
@@ -98,6 +98,26 @@ export const AgentConfigSchema = z
         awakeMaxMs: z.number().int().min(1000).max(600_000).default(30_000),
         /** Deadleaf mode: quiet time after the last acknowledgement before sleeping. */
         quietMs: z.number().int().min(0).max(60_000).default(1000),
+      })
+      .strict()
+      .prefault({}),
+    commands: z
+      .object({
+        /** Executable command handlers, one file per handler name (DESIGN section 6). None: built-ins only. */
+        dir: z.string().min(1).optional(),
+        /** Commands run at once. */
+        concurrency: z.number().int().min(1).max(64).default(1),
+        /** A handler still running after this is stopped (SIGTERM to its process group, SIGKILL 2 s later). */
+        timeoutMs: z.number().int().min(100).max(86_400_000).default(60_000),
+        /** Bytes of a handler's output kept and reported (its end). */
+        outputBytes: z.number().int().min(0).max(MAX_OUTPUT_BYTES).default(MAX_OUTPUT_BYTES),
+        /** `frmt` deletes every variable of the agent: off unless the gateway's maker allows it. */
+        allowFactoryReset: z.boolean().default(false),
+        /** `reboot` runs `rebootCommand`. */
+        allowReboot: z.boolean().default(true),
+        rebootCommand: z.array(z.string().min(1)).min(1).default(['systemctl', 'reboot']),
+        /** Finished commands are kept this long (to answer a repeated delivery, and for `devcloud-agent queue`). */
+        keepDays: z.number().min(0.001).max(3650).default(7),
       })
       .strict()
       .prefault({}),
@@ -210,6 +230,14 @@ export const AGENT_OPTIONS: readonly OptionSpec[] = [
     kind: 'string',
     arg: 'EXE',
     help: 'executable run after each variable change',
+  },
+  {
+    key: 'commands.dir',
+    flag: '--commands-dir',
+    env: 'DEVCLOUD_COMMANDS_DIR',
+    kind: 'string',
+    arg: 'DIR',
+    help: 'folder of executable command handlers',
   },
 ];
 

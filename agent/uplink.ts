@@ -100,11 +100,13 @@ export class Uplink extends EventEmitter<UplinkEvents> {
    * Publishes a payload at QoS 1; `false` when not connected (the caller's durable state covers it). The
    * promise-free form keeps the hot path free of allocations per message.
    */
-  publish<K extends Exclude<UpTopic, 'state'>>(name: K, payload: Payloads[K]): boolean {
+  publish<K extends Exclude<UpTopic, 'state'>>(name: K, payload: Payloads[K], onAck?: () => void): boolean {
     const client = this.client;
     if (!this.isUp || !client) return false;
     client.publish(topicFor(this.opts.deviceId, name), encode(name, payload), { qos: 1 }, (err) => {
-      if (err && !this.stopping) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, err: err.message });
+      if (err) {
+        if (!this.stopping) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, err: err.message });
+      } else onAck?.();
     });
     return true;
   }

@@ -12,6 +12,7 @@ import type { PasswordHasher } from './accounts/password.js';
 import { RateLimiter } from './accounts/ratelimit.js';
 import { registerAccountRoutes } from './accounts/routes.js';
 import type { BridgeConfig } from './config.js';
+import { CommandService } from './commands/service.js';
 import { registerDeviceRoutes } from './devices/routes.js';
 import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
@@ -47,6 +48,8 @@ export interface AppDeps {
   now?: () => number;
   /** The devices' side; without it the app makes one that reaches no broker (changes wait for catch-up). */
   devices?: DeviceService;
+  /** Commands; likewise. */
+  commands?: CommandService;
 }
 
 /** What every route module gets. */
@@ -58,6 +61,7 @@ export interface RouteContext {
   log: Logger;
   now: () => number;
   devices: DeviceService;
+  commands: CommandService;
   limits: {
     loginByAddress: RateLimiter;
     loginByLogin: RateLimiter;
@@ -147,6 +151,8 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   }) as unknown as FastifyInstance;
 
   const rl = config.rateLimits;
+  const commands =
+    deps.commands ?? new CommandService({ store: deps.store, log, now, maxOpen: config.commands.maxOpen });
   const devices =
     deps.devices ??
     new DeviceService({
@@ -155,11 +161,13 @@ export function buildApp(deps: AppDeps): FastifyInstance {
       now,
       nearbyWindowMs: config.devices.nearbyWindowMs,
       lastActivityMs: config.devices.lastActivityMs,
+      commands,
     });
   const ctx: RouteContext = {
     ...deps,
     now,
     devices,
+    commands,
     limits: {
       loginByAddress: new RateLimiter({ limit: rl.login.limit * 5, windowMs: rl.login.windowMs, now }),
       loginByLogin: new RateLimiter({ ...rl.login, now }),

@@ -13,6 +13,7 @@ import { PasswordHasher } from './accounts/password.js';
 import { buildApp } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
+import { CommandService } from './commands/service.js';
 import { DeviceLink, safeBrokerUrl } from './devices/link.js';
 import { DeviceService } from './devices/service.js';
 import { createMailer } from './mail/mailer.js';
@@ -204,6 +205,7 @@ export interface RunningBridge {
   broker: EmbeddedBroker | undefined;
   link: DeviceLink;
   devices: DeviceService;
+  commands: CommandService;
   store: SqliteStore;
   url: string;
   defaultFrontend: Frontend;
@@ -219,14 +221,16 @@ export async function startBridge(
   const defaultFrontend = ensureDefaultFrontend(store, Date.now());
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+  const commands = new CommandService({ store, log, now: Date.now, maxOpen: config.commands.maxOpen });
   const devices = new DeviceService({
     store,
     log,
     now: Date.now,
     nearbyWindowMs: config.devices.nearbyWindowMs,
     lastActivityMs: config.devices.lastActivityMs,
+    commands,
   });
-  const app = buildApp({ config, store, hasher, mailer, log, devices });
+  const app = buildApp({ config, store, hasher, mailer, log, devices, commands });
   let broker: EmbeddedBroker | undefined;
   const fail = async (err: unknown): Promise<never> => {
     await app.close();
@@ -236,12 +240,16 @@ export async function startBridge(
     throw err;
   };
   let mqttPassword: string | undefined;
-  if (config.mqtt.passwordFile !== undefined) {
-    try {
-      mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
-    } catch (err) {
-      await fail(new Error(`cannot read the MQTT password file: ${(err as Error).message}`));
-    }
+  let mqttCa: Buffer | undefined;
+  try {
+    if (config.mqtt.passwordFile !== undefined) mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
+  } catch (err) {
+    await fail(new Error(`cannot read the MQTT password file: ${(err as Error).message}`));
+  }
+  try {
+    if (config.mqtt.caFile !== undefined) mqttCa = readFileSync(config.mqtt.caFile);
+  } catch (err) {
+    await fail(new Error(`cannot read the MQTT CA file: ${(err as Error).message}`));
   }
   try {
     await app.listen({ host: config.host, port: config.http.port });
@@ -280,13 +288,15 @@ export async function startBridge(
           clientId: config.mqtt.clientId,
           username: config.mqtt.username,
           password: mqttPassword,
-          caFile: config.mqtt.caFile,
+          ca: mqttCa,
           persistent: true,
           log,
         },
   );
   devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
+  commands.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
   link.on('message', (msg) => void devices.handle(msg));
+  link.on('up', () => devices.onLinkUp());
   try {
     await link.start(b ? 10_000 : 30_000);
   } catch (err) {
@@ -315,6 +325,11 @@ export async function startBridge(
   prune();
   const pruneTimer = setInterval(prune, 3_600_000);
   pruneTimer.unref();
+  // Commands a device never received expire on the bridge once their lifetime ends.
+  const sweepTimer = setInterval(() => {
+    commands.sweep().catch((err: unknown) => log.warn({ event: 'cmd.sweep_failed', err: String(err) }));
+  }, 1000);
+  sweepTimer.unref();
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.http.port;
   const scheme = config.http.certFile ? 'https' : 'http';
@@ -324,11 +339,13 @@ export async function startBridge(
     broker,
     link,
     devices,
+    commands,
     store,
     url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
     defaultFrontend,
     close: async () => {
       clearInterval(pruneTimer);
+      clearInterval(sweepTimer);
       await app.close();
       await link.close();
       await broker?.close();

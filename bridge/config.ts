@@ -84,6 +84,23 @@ export const BridgeConfigSchema = z
       })
       .strict()
       .prefault({}),
+    commands: z
+      .object({
+        /** Decision 13: commands not yet finished per device; one more is refused. */
+        maxOpen: z.number().int().min(1).max(100_000).default(1000),
+        /** Decision 12: the longest command, bytes. */
+        maxBytes: z
+          .number()
+          .int()
+          .min(1)
+          .max(4 * 1024)
+          .default(4 * 1024),
+        /** Decision 13: `lifetime` when the caller gives none, and the largest accepted, ms. */
+        defaultLifetimeMs: z.number().int().min(1).max(2_592_000_000).default(86_400_000),
+        maxLifetimeMs: z.number().int().min(1).max(31_536_000_000).default(2_592_000_000),
+      })
+      .strict()
+      .prefault({}),
     frontends: z
       .object({
         /** Decision 15: requests that name no frontend go to the default one; production may switch it off. */

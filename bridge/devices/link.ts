@@ -7,7 +7,6 @@
  * while the bridge restarts. The embedded broker starts and stops with the bridge, so there the session is clean.
  */
 import { EventEmitter } from 'node:events';
-import { readFileSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../../lib/log.js';
@@ -30,7 +29,8 @@ export interface LinkOptions {
   clientId: string;
   username?: string | undefined;
   password?: string | undefined;
-  caFile?: string | undefined;
+  /** The CA of an external broker's certificate (PEM). */
+  ca?: Buffer | undefined;
   /** Persistent session at the broker. */
   persistent: boolean;
   log: Logger;
@@ -85,7 +85,7 @@ export class DeviceLink extends EventEmitter<LinkEvents> {
       writeCache: false,
       ...(o.username === undefined ? {} : { username: o.username }),
       ...(o.password === undefined ? {} : { password: o.password }),
-      ...(o.caFile === undefined ? {} : { ca: readFileSync(o.caFile) }),
+      ...(o.ca === undefined ? {} : { ca: o.ca }),
     };
     const client = mqtt.connect(o.url, options);
     this.client = client;

@@ -10,29 +10,17 @@
  * A device the caller may not see answers exactly as one that does not exist: `GET` 404 `device-fail`, `POST`
  * and `DELETE` 400 `device-fail`.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { type RouteContext, bodyIsFields, fields, query, readForm, send } from '../app.js';
 import { ApiError } from '../errors.js';
-import type { User } from '../store/types.js';
-import {
-  ClaimForm,
-  HISTORY_MAX,
-  HistoryQuery,
-  VarNameParam,
-  VarTypeParam,
-  parseDeviceRef,
-  variableForm,
-} from './schemas.js';
-import type { Device, VarType } from './store.js';
+import { deviceAccess, sendJson } from './access.js';
+import { ClaimForm, HISTORY_MAX, HistoryQuery, VarNameParam, VarTypeParam, variableForm } from './schemas.js';
+import type { VarType } from './store.js';
 import { renderBare, renderCollection, renderHistory, renderRecord, renderVars } from './view.js';
 
 type Params = { id?: string; type?: string; name?: string };
 
-const JSON_TYPE = 'application/json; charset=utf-8';
-
-function json(reply: FastifyReply, body: string, status = 200): FastifyReply {
-  return reply.code(status).header('cache-control', 'no-store').type(JSON_TYPE).send(body);
-}
+const json = sendJson;
 
 export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): void {
   const { store, config, now, devices: service } = ctx;
@@ -41,23 +29,7 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
   const maxValueBytes = config.devices.maxValueBytes;
   const VariableForm = variableForm(maxValueBytes);
 
-  /** The logged-in user, or 401 `no-session` (decision 3). */
-  function userOf(req: FastifyRequest): User {
-    if (!req.user) throw new ApiError('no-session');
-    return req.user;
-  }
-
-  /** The device the path names, if this user may see it; `owner` tells whether the user owns it. */
-  function visible(req: FastifyRequest, user: User): { device: Device; owner: boolean } | undefined {
-    const raw = (req.params as Params).id ?? '';
-    const ref = parseDeviceRef(raw);
-    if (!ref) return undefined;
-    const device = ref.kind === 'uuid' ? devices.device(ref.id) : devices.deviceByAuthcode(ref.authcode);
-    if (!device) return undefined;
-    if (device.ownerId === user.id) return { device, owner: true };
-    if (device.ownerId !== null || !req.frontend.config.nearby) return undefined;
-    return devices.heardBy(device.id, user.id, now() - windowMs) ? { device, owner: false } : undefined;
-  }
+  const { userOf, visible } = deviceAccess(ctx);
 
   /** The variable type and name of the path; `undefined` when either is malformed. */
   function variable(req: FastifyRequest): { type: VarType; name: string } | undefined {
@@ -105,7 +77,12 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
     const seen = visible(req, user);
     if (!seen?.owner) throw new ApiError('device-fail');
     const id = seen.device.id;
-    const done = await store.write(() => devices.unregister(id, user.id));
+    const done = await store.write(() => {
+      if (!devices.unregister(id, user.id)) return false;
+      // The former owner's commands go with the registration.
+      store.commands.deleteOfDevice(id);
+      return true;
+    });
     if (!done) throw new ApiError('device-fail');
     ctx.log.info({ event: 'device.unregistered', deviceId: id, userId: user.id });
     return send(reply, 200, 'device-ok');

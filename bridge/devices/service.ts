@@ -21,6 +21,7 @@ import {
   messageId,
   varItem,
 } from '../../protocol/index.js';
+import type { CommandService } from '../commands/service.js';
 import type { BridgeStore } from '../store/types.js';
 import { userOfAuthcode } from '../users/routes.js';
 import type { UpMessage } from './link.js';
@@ -37,6 +38,8 @@ export interface DeviceServiceOptions {
   nearbyWindowMs: number;
   /** `meta` `lastactivity` is written at most this often per device. */
   lastActivityMs: number;
+  /** Commands: handed over again on hello, and their status reports. */
+  commands?: CommandService;
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
@@ -104,9 +107,7 @@ export class DeviceService {
         work = this.onHeard(msg.deviceId, msg.payload.heard);
         break;
       case 'up/cmd':
-        // Commands arrive with the command queue; until then a status report has nothing to update.
-        this.opts.log.debug({ event: 'cmd.status_ignored', deviceId: msg.deviceId, cmd: msg.payload.cmd });
-        work = this.touch(msg.deviceId);
+        work = this.touch(msg.deviceId).then(() => this.opts.commands?.onStatus(msg.deviceId, msg.payload));
         break;
     }
     return work.catch((err: unknown) => {
@@ -178,6 +179,20 @@ export class DeviceService {
     }
     log.info({ event: 'device.hello', deviceId, platform: hello.platform, mode: hello.mode });
     this.catchUp(deviceId);
+    this.opts.commands?.onHello(deviceId);
+  }
+
+  /**
+   * The bridge's own connection to the broker is up (again): what was changed through the API while it was down
+   * goes to the devices that are connected now, without waiting for their next hello.
+   */
+  onLinkUp(): void {
+    const ids = this.opts.store.devices.connectedIds();
+    for (const id of ids) {
+      this.catchUp(id);
+      this.opts.commands?.onHello(id);
+    }
+    if (ids.length > 0) this.opts.log.info({ event: 'devices.caught_up', devices: ids.length });
   }
 
   /** Sends again every cloud version and every sync the device has not acknowledged, a page at a time. */

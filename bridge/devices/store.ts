@@ -391,6 +391,11 @@ export class DeviceStore {
     );
   }
 
+  /** The devices whose `meta` `state` is `connected`. */
+  connectedIds(): string[] {
+    return this.s.connectedDevices.all().map((r) => r.device_id);
+  }
+
   /** At start with the embedded broker, no device can be connected yet. Returns the devices changed. */
   markAllDisconnected(now: number): number {
     const ids = this.s.connectedDevices.all().map((r) => r.device_id);

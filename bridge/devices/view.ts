@@ -77,7 +77,14 @@ export function renderHistory(entries: readonly RenderableHistory[]): string {
   return `[${parts.join(',')}]`;
 }
 
-/** A collection of device objects keyed by device id or auth code. */
+/**
+ * A collection of device objects keyed by device id or auth code. Built by one `join`, which makes a flat
+ * string: the UTF-8 length of a string concatenated from pieces is computed by walking the pieces, every time
+ * the answer is sent, and a user's collection may be megabytes.
+ */
 export function renderCollection(entries: ReadonlyArray<readonly [key: string, deviceJson: string]>): string {
-  return `{${entries.map(([k, json]) => `${JSON.stringify(k)}:${json}`).join(',')}}`;
+  const parts: string[] = ['{'];
+  for (const [k, json] of entries) parts.push(parts.length > 1 ? ',' : '', JSON.stringify(k), ':', json);
+  parts.push('}');
+  return parts.join('');
 }

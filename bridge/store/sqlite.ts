@@ -2,6 +2,7 @@
 import { join } from 'node:path';
 import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
 import type { DeviceCredentials } from '../broker.js';
+import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import {
   type BridgeStore,
@@ -68,6 +69,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
     `);
   },
   DEVICE_MIGRATION,
+  COMMAND_MIGRATION,
 ];
 
 interface FrontendRow {
@@ -143,6 +145,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   readonly devices: DeviceStore;
+  readonly commands: CommandStore;
   private readonly s;
   private frontendById = new Map<string, Frontend>();
   private defaultFrontendId: string | undefined;
@@ -156,6 +159,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     this.commit = new GroupCommitter(this.db);
     const db = this.db;
     this.devices = new DeviceStore(db);
+    this.commands = new CommandStore(db);
     this.s = {
       insFrontend: db.prepare(
         'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',

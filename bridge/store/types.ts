@@ -4,6 +4,7 @@
  * (group commit), so that a reply never promises what a crash could take back.
  */
 import { z } from 'zod';
+import type { CommandStore } from '../commands/store.js';
 import type { DeviceStore } from '../devices/store.js';
 
 /** Decision 16: a frontend's product configuration. */
@@ -83,6 +84,8 @@ export interface UserPatch {
 export interface BridgeStore {
   /** Devices, their variables and history, and who they heard nearby. */
   readonly devices: DeviceStore;
+  /** Commands sent to devices, with their states. */
+  readonly commands: CommandStore;
 
   /** Runs writes in a transaction that is on disk when the promise resolves. */
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;

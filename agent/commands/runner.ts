@@ -1,0 +1,368 @@
+/**
+ * Runs the gateway's queued commands (DESIGN section 6): highest priority first, first in first out within a
+ * priority, `concurrency` at a time (1 by default), never one that has expired. Every state is committed before
+ * it is reported on `up/cmd`; a report that did not reach the broker goes again on the next connect.
+ *
+ * What a command does is chosen by its first word:
+ * - built-ins: `ping`, `idfy`, `reboot`, `restart`, `frmt`;
+ * - otherwise an executable of that name in the commands folder, run without a shell, the other words as its
+ *   arguments, with a timeout, a bounded output and a clean environment.
+ * An unknown command fails with a clear reason.
+ *
+ * After a crash, a command found `running` did not finish: it is reported `failed` ("interrupted"), never run
+ * again, except `reboot` and `restart`, whose running state is what the restart they asked for looks like, and
+ * which are then `done`.
+ */
+import { spawn } from 'node:child_process';
+import { constants as fsConstants } from 'node:fs';
+import { access, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Logger } from '../../lib/log.js';
+import type { GroupCommitter } from '../../lib/sqlite.js';
+import { type CmdMessage, type CmdStatusMessage, MAX_OUTPUT_BYTES, messageId } from '../../protocol/index.js';
+import { type Outcome, type QueuedCommand, type CommandQueue, isFinal } from './queue.js';
+
+/** A handler name: the first word of a command. */
+const HANDLER_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+export const BUILTINS = ['ping', 'idfy', 'reboot', 'restart', 'frmt'] as const;
+type Builtin = (typeof BUILTINS)[number];
+
+/** The built-ins that end the agent (or the gateway) while they run. */
+const RESTARTING: ReadonlySet<string> = new Set(['reboot', 'restart']);
+
+export interface CommandReporter {
+  /** Publishes a report; calls `onAck` when the broker acknowledged it. `false` when not connected. */
+  publish(payload: CmdStatusMessage, onAck: () => void): boolean;
+  readonly connected: boolean;
+}
+
+export interface BuiltinActions {
+  /** What `idfy` answers: who this gateway is. */
+  identify(): Record<string, unknown>;
+  /** Reboots the gateway; resolves with the outcome when the reboot could not be started. */
+  reboot(): Promise<Outcome>;
+  /** Restarts the agent (its service manager starts it again). */
+  restart(): void;
+  /** Deletes every variable of the agent; resolves to how many. */
+  factoryReset(): Promise<number>;
+}
+
+export interface RunnerOptions {
+  queue: CommandQueue;
+  commit: GroupCommitter;
+  reporter: CommandReporter;
+  actions: BuiltinActions;
+  now: () => number;
+  log: Logger;
+  concurrency: number;
+  /** Where executable handlers live; none: only built-ins. */
+  commandsDir: string | undefined;
+  timeoutMs: number;
+  /** Bytes of output kept (the end of it). */
+  outputBytes: number;
+  allowFactoryReset: boolean;
+  allowReboot: boolean;
+  /** Extra environment for handlers (the device id). */
+  env: Record<string, string>;
+  /** Finished commands are kept this long to answer a repeated delivery, then pruned. */
+  keepMs: number;
+}
+
+/** Splits a command into its words (ASCII whitespace). */
+function words(command: Buffer): string[] {
+  return command
+    .toString('utf8')
+    .split(/[ \t\r\n]+/)
+    .filter((w) => w.length > 0);
+}
+
+export class CommandRunner {
+  private readonly active = new Map<string, { kill(): void }>();
+  private expiryTimer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private reporting = false;
+  readonly counters = { received: 0, duplicates: 0, ran: 0, failed: 0, expired: 0 };
+
+  constructor(private readonly o: RunnerOptions) {}
+
+  /** At start: what a crash left `running` is settled, then the queue runs. */
+  async start(): Promise<void> {
+    const { queue, now } = this.o;
+    const interrupted = queue.running();
+    if (interrupted.length > 0) {
+      await this.o.commit.run(() => {
+        for (const c of interrupted) {
+          const name = words(c.command)[0] ?? '';
+          if (RESTARTING.has(name)) queue.finish(c.id, { state: 'done', reason: `${name} completed` }, now());
+          else queue.finish(c.id, { state: 'failed', reason: 'interrupted: the agent stopped while it ran' }, now());
+        }
+      });
+      for (const c of interrupted) this.o.log.warn({ event: 'cmd.interrupted', cmd: c.id });
+    }
+    await this.o.commit.run(() => queue.prune(now() - this.o.keepMs), { durable: false });
+    this.pump();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.expiryTimer);
+    for (const a of this.active.values()) a.kill();
+  }
+
+  /** A command from the cloud: stored before anything else; a repeat is answered with its current state. */
+  async onCommand(msg: CmdMessage): Promise<void> {
+    this.counters.received++;
+    const { queue, now } = this.o;
+    const command = Buffer.from(msg.command64, 'base64');
+    const added = await this.o.commit.run(() =>
+      queue.add({ id: msg.cmd, command, priority: msg.priority, created: msg.created, expires: msg.expires }, now()),
+    );
+    if (!added) {
+      this.counters.duplicates++;
+      const cur = queue.get(msg.cmd);
+      if (cur) this.report(cur);
+      return;
+    }
+    this.o.log.info({ event: 'cmd.queued', cmd: msg.cmd, priority: msg.priority, expires: msg.expires });
+    const stored = queue.get(msg.cmd);
+    if (stored) this.report(stored);
+    this.pump();
+  }
+
+  /** On every connect: reports whose state did not reach the broker go again. */
+  onConnected(): void {
+    void this.reportPending();
+  }
+
+  private async reportPending(): Promise<void> {
+    if (this.reporting) return;
+    this.reporting = true;
+    try {
+      let after = 0;
+      for (;;) {
+        if (!this.o.reporter.connected) return;
+        const page = this.o.queue.unreported(after, 200);
+        for (const c of page) this.report(c);
+        if (page.length < 200) return;
+        after = page[page.length - 1]!.seq;
+        await new Promise((r) => setImmediate(r));
+      }
+    } finally {
+      this.reporting = false;
+    }
+  }
+
+  private report(c: QueuedCommand): void {
+    const msg: CmdStatusMessage = { id: messageId(), cmd: c.id, state: c.state, at: c.stateAt };
+    if (isFinal(c.state)) {
+      if (c.exitCode !== null) msg.exitCode = c.exitCode;
+      if (c.signal !== null) msg.signal = c.signal;
+      if (c.output !== null) msg.output = c.output;
+      if (c.truncated) msg.truncated = true;
+    }
+    if (c.reason !== null) msg.reason = c.reason.slice(0, 1024);
+    const state = c.state;
+    this.o.reporter.publish(msg, () => {
+      void this.o.commit.run(() => this.o.queue.markReported(c.id, state), { durable: false }).catch(() => undefined);
+    });
+  }
+
+  /** Starts what may start now; schedules a wake-up for the next expiry. */
+  private pump(): void {
+    if (this.stopped) return;
+    const { queue, now } = this.o;
+    while (this.active.size < this.o.concurrency) {
+      const next = queue.next();
+      if (!next) break;
+      if (next.expires <= now()) {
+        this.expire(next);
+        continue;
+      }
+      if (!queue.start(next.id, now())) break;
+      this.run(next);
+    }
+    this.scheduleExpiry();
+  }
+
+  private expire(c: QueuedCommand): void {
+    const { queue, now } = this.o;
+    // Marked at once (the next pass must not pick it again), committed with the next batch, then reported.
+    queue.finish(c.id, { state: 'expired', reason: 'its lifetime ended before it could run' }, now());
+    this.counters.expired++;
+    this.o.log.info({ event: 'cmd.expired', cmd: c.id });
+    void this.o.commit
+      .run(() => undefined)
+      .then(() => {
+        const cur = queue.get(c.id);
+        if (cur) this.report(cur);
+      });
+  }
+
+  /** While commands wait behind a running one, the earliest expiry among them is checked when it comes. */
+  private scheduleExpiry(): void {
+    clearTimeout(this.expiryTimer);
+    this.expiryTimer = undefined;
+    const queued = this.o.queue.queued();
+    if (queued.length === 0) return;
+    const earliest = Math.min(...queued.map((c) => c.expires));
+    const delay = Math.max(0, Math.min(earliest - this.o.now() + 1, 2_147_000_000));
+    this.expiryTimer = setTimeout(() => this.sweepExpired(), delay);
+    this.expiryTimer.unref();
+  }
+
+  private sweepExpired(): void {
+    if (this.stopped) return;
+    const now = this.o.now();
+    for (const c of this.o.queue.queued()) if (c.expires <= now) this.expire(c);
+    this.pump();
+  }
+
+  private run(c: QueuedCommand): void {
+    const handle = { kill: () => undefined as void };
+    this.active.set(c.id, handle);
+    const started = this.o.commit.run(() => undefined);
+    void started
+      .then(() => {
+        const cur = this.o.queue.get(c.id);
+        if (cur) this.report(cur);
+        this.o.log.info({ event: 'cmd.running', cmd: c.id, priority: c.priority });
+        return this.execute(c, handle);
+      })
+      .catch((err: unknown): Outcome => ({ state: 'failed', reason: `the agent could not run it: ${String(err)}` }))
+      .then(async (outcome) => {
+        this.active.delete(c.id);
+        if (outcome.state === 'done') this.counters.ran++;
+        else this.counters.failed++;
+        await this.o.commit.run(() => this.o.queue.finish(c.id, outcome, this.o.now()));
+        this.o.log.info({
+          event: 'cmd.finished',
+          cmd: c.id,
+          state: outcome.state,
+          exitCode: outcome.exitCode ?? null,
+          ...(outcome.reason === undefined ? {} : { reason: outcome.reason }),
+        });
+        const cur = this.o.queue.get(c.id);
+        if (cur) this.report(cur);
+        this.pump();
+      })
+      .catch((err: unknown) => this.o.log.error({ event: 'cmd.failed_to_record', cmd: c.id, err: String(err) }));
+  }
+
+  private async execute(c: QueuedCommand, handle: { kill(): void }): Promise<Outcome> {
+    if (c.command.includes(0)) return { state: 'failed', reason: 'the command contains a NUL byte' };
+    const [name = '', ...args] = words(c.command);
+    if (!HANDLER_RE.test(name)) return { state: 'failed', reason: 'the command does not start with a handler name' };
+    if ((BUILTINS as readonly string[]).includes(name)) return this.builtin(name as Builtin, args);
+    const dir = this.o.commandsDir;
+    if (dir === undefined) return { state: 'failed', reason: `unknown command ${name}: no commands folder is set` };
+    const file = join(dir, name);
+    try {
+      const st = await stat(file);
+      if (!st.isFile()) throw new Error('not a file');
+      await access(file, fsConstants.X_OK);
+    } catch {
+      return { state: 'failed', reason: `unknown command ${name}: no executable of that name in the commands folder` };
+    }
+    return this.spawnHandler(c, file, args, handle);
+  }
+
+  private async builtin(name: Builtin, args: string[]): Promise<Outcome> {
+    const { actions, log } = this.o;
+    switch (name) {
+      case 'ping':
+        return { state: 'done', exitCode: 0, output: args.length > 0 ? `pong ${args.join(' ')}` : 'pong' };
+      case 'idfy': {
+        const who = actions.identify();
+        log.warn({ event: 'cmd.identify', ...who, reason: 'the cloud asked this gateway to identify itself' });
+        return { state: 'done', exitCode: 0, output: JSON.stringify(who) };
+      }
+      case 'frmt': {
+        if (!this.o.allowFactoryReset) {
+          return { state: 'failed', reason: "factory reset is not allowed by this gateway's config" };
+        }
+        const n = await actions.factoryReset();
+        log.warn({ event: 'cmd.factory_reset', variables: n });
+        return { state: 'done', exitCode: 0, output: `deleted ${n} variables` };
+      }
+      case 'reboot':
+        if (!this.o.allowReboot) return { state: 'failed', reason: "reboot is not allowed by this gateway's config" };
+        await this.reportedRunning();
+        return actions.reboot();
+      case 'restart':
+        await this.reportedRunning();
+        actions.restart();
+        // The agent is stopping; when it starts again it finds this command running and records it done.
+        return new Promise<Outcome>(() => undefined);
+    }
+  }
+
+  /** Gives the `running` report a moment to reach the broker before the agent goes away. */
+  private reportedRunning(): Promise<void> {
+    return new Promise((resolve) => setTimeout(resolve, 200).unref());
+  }
+
+  private spawnHandler(c: QueuedCommand, file: string, args: string[], handle: { kill(): void }): Promise<Outcome> {
+    const limit = Math.min(this.o.outputBytes, MAX_OUTPUT_BYTES);
+    return new Promise<Outcome>((resolve) => {
+      const child = spawn(file, args, {
+        cwd: this.o.commandsDir,
+        // A clean environment: what a handler may rely on, nothing of the agent's own.
+        env: {
+          PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+          LANG: 'C.UTF-8',
+          DEVCLOUD_COMMAND_ID: c.id,
+          DEVCLOUD_COMMAND64: c.command.toString('base64'),
+          DEVCLOUD_COMMAND_PRIORITY: String(c.priority),
+          ...this.o.env,
+        },
+        stdio: ['pipe', 'pipe', 'pipe'],
+        // Its own process group, so that a timeout stops what it started too.
+        detached: true,
+      });
+      let kept = Buffer.alloc(0);
+      let total = 0;
+      const collect = (chunk: Buffer) => {
+        total += chunk.length;
+        kept = Buffer.concat([kept, chunk]);
+        if (kept.length > limit * 2) kept = kept.subarray(kept.length - limit);
+      };
+      child.stdout.on('data', collect);
+      child.stderr.on('data', collect);
+      child.stdin.on('error', () => undefined);
+      child.stdin.end(c.command);
+      let timedOut = false;
+      const killGroup = (signal: NodeJS.Signals) => {
+        try {
+          if (child.pid !== undefined) process.kill(-child.pid, signal);
+        } catch {
+          // Already gone.
+        }
+      };
+      let graceTimer: NodeJS.Timeout | undefined;
+      const timer = setTimeout(() => {
+        timedOut = true;
+        killGroup('SIGTERM');
+        graceTimer = setTimeout(() => killGroup('SIGKILL'), 2000);
+      }, this.o.timeoutMs);
+      handle.kill = () => killGroup('SIGKILL');
+      child.on('error', (err) => {
+        clearTimeout(timer);
+        clearTimeout(graceTimer);
+        resolve({ state: 'failed', reason: `could not start the handler: ${err.message}` });
+      });
+      child.on('close', (code, signal) => {
+        clearTimeout(timer);
+        clearTimeout(graceTimer);
+        const tail = kept.length > limit ? kept.subarray(kept.length - limit) : kept;
+        const truncated = total > tail.length;
+        // The end of the output, cut at a character boundary.
+        const output = tail.toString('utf8').replace(/^\uFFFD+/, '');
+        const base = { exitCode: code, signal, output, truncated };
+        if (timedOut) resolve({ ...base, state: 'failed', reason: `timed out after ${this.o.timeoutMs} ms` });
+        else if (code === 0) resolve({ ...base, state: 'done' });
+        else if (signal !== null) resolve({ ...base, state: 'failed', reason: `killed by ${signal}` });
+        else resolve({ ...base, state: 'failed', reason: `exited with status ${code}` });
+      });
+    });
+  }
+}

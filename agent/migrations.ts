@@ -1,0 +1,9 @@
+/**
+ * The agent database's migrations, in order: migration N takes the schema from version N to N+1. Append only,
+ * whatever part of the agent a new one serves; never edit a shipped one.
+ */
+import type { Migration } from '../lib/sqlite.js';
+import { COMMAND_MIGRATION } from './commands/queue.js';
+import { VAR_MIGRATIONS } from './vars/store.js';
+
+export const AGENT_MIGRATIONS: readonly Migration[] = [...VAR_MIGRATIONS, COMMAND_MIGRATION];

@@ -1,0 +1,124 @@
+/**
+ * The bridge's side of commands (DESIGN section 6): `POST /0/devices/<id>/` stores a command and hands it to the
+ * device when the device is connected; each hello hands over again every command the device has not finished
+ * and that has not expired (the agent keeps commands by uuid, so a repeat is answered, not run again); status
+ * reports on `up/cmd` move a command forward; a command the device never received expires on the bridge.
+ */
+import type { Logger } from '../../lib/log.js';
+import { type CmdStatusMessage, messageId } from '../../protocol/index.js';
+import type { SendDown } from '../devices/service.js';
+import type { BridgeStore } from '../store/types.js';
+import type { StoredCommand } from './store.js';
+
+export interface CommandServiceOptions {
+  store: BridgeStore;
+  log: Logger;
+  now: () => number;
+  /** Decision 13: open commands per device. */
+  maxOpen: number;
+}
+
+export type SubmitOutcome = { ok: true; id: string } | { ok: false; reason: 'full' };
+
+export class CommandService {
+  private send: SendDown = () => false;
+  readonly counters = { submitted: 0, sent: 0, reports: 0, stale: 0, expired: 0 };
+
+  constructor(private readonly o: CommandServiceOptions) {}
+
+  attach(send: SendDown): void {
+    this.send = send;
+  }
+
+  /** Stores a command (durably) and hands it over when the device is connected. */
+  async submit(
+    deviceId: string,
+    userId: number | null,
+    command: Buffer,
+    priority: 0 | 1 | 2,
+    lifetimeMs: number,
+  ): Promise<SubmitOutcome> {
+    const { store, now } = this.o;
+    const id = crypto.randomUUID();
+    const t = now();
+    const added = await store.write(() => {
+      if (store.commands.openCount(deviceId) >= this.o.maxOpen) return false;
+      store.commands.add({ id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs });
+      return true;
+    });
+    if (!added) return { ok: false, reason: 'full' };
+    this.counters.submitted++;
+    this.o.log.info({ event: 'cmd.submitted', deviceId, cmd: id, priority, lifetimeMs });
+    if (this.connected(deviceId)) {
+      const c = store.commands.get(id);
+      if (c) this.handOver([c]);
+    }
+    return { ok: true, id };
+  }
+
+  /** On hello: every open command that has not expired goes again, oldest first. */
+  onHello(deviceId: string): void {
+    const { store, now } = this.o;
+    let after = 0;
+    let sent = 0;
+    for (;;) {
+      const page = store.commands.open(deviceId, after, 200);
+      const t = now();
+      const live = page.filter((c) => c.expiresAt > t);
+      sent += this.handOver(live);
+      if (page.length < 200) break;
+      after = page[page.length - 1]!.seq;
+    }
+    if (sent > 0) this.o.log.info({ event: 'cmd.resent', deviceId, count: sent });
+  }
+
+  /** A status report: applied if it moves the command forward; a stale or foreign one changes nothing. */
+  async onStatus(deviceId: string, msg: CmdStatusMessage): Promise<void> {
+    this.counters.reports++;
+    const moved = await this.o.store.write(() => this.o.store.commands.report(deviceId, msg), { durable: false });
+    if (!moved) this.counters.stale++;
+    else if (msg.state !== 'queued' && msg.state !== 'running') {
+      this.o.log.info({ event: 'cmd.finished', deviceId, cmd: msg.cmd, state: msg.state, exitCode: msg.exitCode });
+    }
+  }
+
+  /** Commands never received whose lifetime ended become `expired`; run every second. */
+  async sweep(): Promise<number> {
+    const n = await this.o.store.write(() => this.o.store.commands.expire(this.o.now()), { durable: false });
+    this.counters.expired += n;
+    return n;
+  }
+
+  private connected(deviceId: string): boolean {
+    return this.o.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString('utf8') === 'connected';
+  }
+
+  /** Publishes commands and records them `sent`; returns how many went. */
+  private handOver(commands: readonly StoredCommand[]): number {
+    const sent: string[] = [];
+    for (const c of commands) {
+      const ok = this.send(c.deviceId, 'down/cmd', {
+        id: messageId(),
+        cmd: c.id,
+        command64: c.command.toString('base64'),
+        priority: c.priority,
+        created: c.createdAt,
+        expires: c.expiresAt,
+      });
+      if (!ok) break;
+      sent.push(c.id);
+    }
+    if (sent.length === 0) return 0;
+    this.counters.sent += sent.length;
+    const t = this.o.now();
+    void this.o.store
+      .write(
+        () => {
+          for (const id of sent) this.o.store.commands.markSent(id, t);
+        },
+        { durable: false },
+      )
+      .catch((err: unknown) => this.o.log.warn({ event: 'cmd.mark_sent_failed', err: String(err) }));
+    return sent.length;
+  }
+}
