@@ -14,10 +14,11 @@ import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
 import { VERSION } from '../lib/version.js';
 import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
-import { CommandQueue, type Outcome } from './commands/queue.js';
+import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue.js';
 import { CommandRunner } from './commands/runner.js';
 import { type Identity, loadIdentity } from './identity.js';
 import { AGENT_MIGRATIONS } from './migrations.js';
+import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
 import { NearbyListener } from './nearby/listener.js';
 import { HeardReporter } from './nearby/reporter.js';
@@ -158,6 +159,7 @@ export class Agent {
       {
         vars: this.vars,
         status: () => this.status(),
+        queue: (recent: number) => this.queueView(recent),
         setLogLevel: (level: LogLevel) => {
           this.log.level = level;
         },
@@ -244,6 +246,15 @@ export class Agent {
       commands: { ...this.queue.counts(), ...this.commands.counters },
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
+    };
+  }
+
+  /** What `devcloud-agent queue` shows. */
+  queueView(recent: number): QueueJson {
+    return {
+      running: this.queue.running().map(commandJson),
+      queued: this.queue.queued().map(commandJson),
+      recent: this.queue.recent(recent).map(commandJson),
     };
   }
 
@@ -431,4 +442,21 @@ export class Agent {
     if (this.stopped || this.mode !== 'deadleaf') return;
     this.wakeTimer = setTimeout(() => this.wake(), periodMs);
   }
+}
+
+function commandJson(c: QueuedCommand): CommandJson {
+  const text = c.command.toString('latin1');
+  return {
+    id: c.id,
+    ...(/^[\x20-\x7e]+$/.test(text) ? { command: text } : { command64: c.command.toString('base64') }),
+    priority: c.priority,
+    state: c.state,
+    received: c.receivedAt,
+    expires: c.expires,
+    stateAt: c.stateAt,
+    exitCode: c.exitCode,
+    reason: c.reason,
+    output: c.output,
+    truncated: c.truncated,
+  };
 }

@@ -12,6 +12,7 @@ import type { PasswordHasher } from './accounts/password.js';
 import { RateLimiter } from './accounts/ratelimit.js';
 import { registerAccountRoutes } from './accounts/routes.js';
 import type { BridgeConfig } from './config.js';
+import { registerCommandRoutes } from './commands/routes.js';
 import { CommandService } from './commands/service.js';
 import { registerDeviceRoutes } from './devices/routes.js';
 import { DeviceService } from './devices/service.js';
@@ -262,6 +263,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   registerAccountRoutes(app, ctx);
   registerUserRoutes(app, ctx);
   registerDeviceRoutes(app, ctx);
+  registerCommandRoutes(app, ctx);
 
   // The API document describes routes, not a session: it is the same for every caller.
   const apiDocument = JSON.stringify(buildOpenApi(config));

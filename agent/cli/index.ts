@@ -10,7 +10,7 @@ import { VERSION } from '../../lib/version.js';
 import { Agent } from '../agent.js';
 import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, socketPath } from '../config.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
-import type { VarJson } from '../local/messages.js';
+import type { CommandJson, QueueJson, VarJson } from '../local/messages.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, unreachable: 3 } as const;
 
@@ -26,10 +26,12 @@ Usage:
   devcloud-agent var watch                  follow changes and acknowledgements, one JSON line each
   devcloud-agent log-level LEVEL            change the running agent's log level
   devcloud-agent status                     what the running agent reports about itself (JSON)
+  devcloud-agent queue [--recent N]         the command queue: running, queued (in run order), recent
 
 Options:
 ${formatOptions(AGENT_OPTIONS)}
   --type d|s            variable type for the var commands (default d)
+  --recent N            queue: how many recent commands to show (default 20)
   --json                print JSON
   -h, --help            this help
 
@@ -47,22 +49,24 @@ const stdio: Out = {
 };
 
 /** Pulls the client-only flags out of argv before the shared option parser sees it. */
-function takeClientFlags(argv: string[]): { rest: string[]; type: string; json: boolean } {
+function takeClientFlags(argv: string[]): { rest: string[]; type: string; json: boolean; recent: string } {
   const rest: string[] = [];
   let type = 'd';
   let json = false;
+  let recent = '20';
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     if (a === '--json') json = true;
+    else if (a === '--recent') recent = argv[++i] ?? '';
     else if (a === '--type') type = argv[++i] ?? '';
     else if (a.startsWith('--type=')) type = a.slice('--type='.length);
     else rest.push(a);
   }
-  return { rest, type, json };
+  return { rest, type, json, recent };
 }
 
 export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.ProcessEnv = process.env): Promise<number> {
-  const { rest, type, json } = takeClientFlags(argv);
+  const { rest, type, json, recent } = takeClientFlags(argv);
   const args = parseArgs(rest, AGENT_OPTIONS);
   if (args.help || args.positionals[0] === 'help') {
     io.out(USAGE);
@@ -110,6 +114,17 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
         io.out(JSON.stringify(await c.status(), null, 2));
         return EXIT.ok;
       });
+    case 'queue': {
+      if (params.length > 0) return usage(io, 'queue takes no arguments');
+      if (!/^\d{1,4}$/.test(recent) || Number(recent) > 1000)
+        return usage(io, '--recent needs a number from 0 to 1000');
+      return withClient(config, env, io, async (c) => {
+        const q = await c.queue(Number(recent));
+        if (json) io.out(JSON.stringify(q));
+        else printQueue(q, io);
+        return EXIT.ok;
+      });
+    }
     default:
       return usage(io, `unknown command ${command}`);
   }
@@ -146,6 +161,22 @@ async function withClient(
   } finally {
     client.close();
   }
+}
+
+function commandLine(c: CommandJson): string {
+  const what = c.command ?? `base64:${c.command64}`;
+  const end = c.exitCode === null ? '' : ` exit ${c.exitCode}`;
+  const why = c.reason === null ? '' : ` (${c.reason})`;
+  return `${c.id}  p${c.priority}  ${c.state.padEnd(7)}  ${new Date(c.stateAt).toISOString()}  ${what}${end}${why}`;
+}
+
+function printQueue(q: QueueJson, io: Out): void {
+  io.out(`running (${q.running.length})`);
+  for (const c of q.running) io.out(`  ${commandLine(c)}`);
+  io.out(`queued, in run order (${q.queued.length})`);
+  for (const c of q.queued) io.out(`  ${commandLine(c)}   expires ${new Date(c.expires).toISOString()}`);
+  io.out(`recent (${q.recent.length})`);
+  for (const c of q.recent) io.out(`  ${commandLine(c)}`);
 }
 
 function show(v: VarJson): string {

@@ -142,6 +142,7 @@ export class CommandQueue {
         'SELECT * FROM commands WHERE reported = 0 AND seq > ? ORDER BY seq LIMIT ?',
       ),
       recent: db.prepare<[number], Row>('SELECT * FROM commands ORDER BY seq DESC LIMIT ?'),
+      earliestExpiry: db.prepare<[], number | null>("SELECT min(expires) FROM commands WHERE state = 'queued'").pluck(),
       counts: db.prepare<[], { state: CommandState; n: number }>(
         'SELECT state, count(*) AS n FROM commands GROUP BY state',
       ),
@@ -207,6 +208,11 @@ export class CommandQueue {
 
   recent(limit: number): QueuedCommand[] {
     return this.s.recent.all(limit).map(toCommand);
+  }
+
+  /** The earliest expiry among queued commands. */
+  earliestExpiry(): number | undefined {
+    return this.s.earliestExpiry.get() ?? undefined;
   }
 
   counts(): Partial<Record<CommandState, number>> {

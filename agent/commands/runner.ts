@@ -80,6 +80,8 @@ export class CommandRunner {
   private readonly active = new Map<string, { kill(): void }>();
   private expiryTimer: NodeJS.Timeout | undefined;
   private stopped = false;
+  private pumping = false;
+  private pumpAgain = false;
   private reporting = false;
   readonly counters = { received: 0, duplicates: 0, ran: 0, failed: 0, expired: 0 };
 
@@ -167,73 +169,111 @@ export class CommandRunner {
     });
   }
 
-  /** Starts what may start now; schedules a wake-up for the next expiry. */
+  /**
+   * Takes what may start now, in one transaction: expired commands are marked expired, instant built-ins run
+   * and finish there and then, others are marked running. After the commit, the reports go out and the others
+   * start. One pass at a time; a call during a pass asks for another.
+   */
   private pump(): void {
     if (this.stopped) return;
-    const { queue, now } = this.o;
-    while (this.active.size < this.o.concurrency) {
-      const next = queue.next();
-      if (!next) break;
-      if (next.expires <= now()) {
-        this.expire(next);
-        continue;
-      }
-      if (!queue.start(next.id, now())) break;
-      this.run(next);
+    if (this.pumping) {
+      this.pumpAgain = true;
+      return;
     }
-    this.scheduleExpiry();
+    this.pumping = true;
+    this.o.commit
+      .run(() => this.take())
+      .then((t) => {
+        for (const c of [...t.expired, ...t.instant, ...t.started]) {
+          const cur = this.o.queue.get(c.id);
+          if (cur) this.report(cur);
+        }
+        for (const c of t.started) this.run(c);
+        return t.instant.length + t.expired.length > 0;
+      })
+      .catch((err: unknown) => {
+        this.o.log.error({ event: 'cmd.pump_failed', err: String(err) });
+        return false;
+      })
+      .then((more) => {
+        this.pumping = false;
+        if (more || this.pumpAgain) {
+          this.pumpAgain = false;
+          this.pump();
+        } else this.scheduleExpiry();
+      })
+      .catch(() => undefined);
   }
 
-  private expire(c: QueuedCommand): void {
+  private take(): { expired: QueuedCommand[]; instant: QueuedCommand[]; started: QueuedCommand[] } {
     const { queue, now } = this.o;
-    // Marked at once (the next pass must not pick it again), committed with the next batch, then reported.
-    queue.finish(c.id, { state: 'expired', reason: 'its lifetime ended before it could run' }, now());
-    this.counters.expired++;
-    this.o.log.info({ event: 'cmd.expired', cmd: c.id });
-    void this.o.commit
-      .run(() => undefined)
-      .then(() => {
-        const cur = queue.get(c.id);
-        if (cur) this.report(cur);
-      });
+    const out = { expired: [] as QueuedCommand[], instant: [] as QueuedCommand[], started: [] as QueuedCommand[] };
+    // Bounded, so that one transaction stays short however long the queue; the next pass takes the rest.
+    for (let n = 0; n < 500 && this.active.size < this.o.concurrency; n++) {
+      const next = queue.next();
+      if (!next) break;
+      const t = now();
+      if (next.expires <= t) {
+        queue.finish(next.id, { state: 'expired', reason: 'its lifetime ended before it could run' }, t);
+        this.counters.expired++;
+        this.o.log.info({ event: 'cmd.expired', cmd: next.id });
+        out.expired.push(next);
+        continue;
+      }
+      const instant = this.instant(next);
+      if (instant) {
+        queue.start(next.id, t);
+        queue.finish(next.id, instant, t);
+        this.counters.ran++;
+        out.instant.push(next);
+        continue;
+      }
+      queue.start(next.id, t);
+      this.active.set(next.id, { kill: () => undefined });
+      out.started.push(next);
+    }
+    return out;
+  }
+
+  /**
+   * The built-ins that touch nothing outside the agent's memory (`ping`, `idfy`) run inside the transaction that
+   * takes them: there is no moment at which a crash could leave them half done.
+   */
+  private instant(c: QueuedCommand): Outcome | undefined {
+    const [name, ...args] = words(c.command);
+    if (name === 'ping')
+      return { state: 'done', exitCode: 0, output: args.length > 0 ? `pong ${args.join(' ')}` : 'pong' };
+    if (name === 'idfy') {
+      const who = this.o.actions.identify();
+      this.o.log.warn({ event: 'cmd.identify', ...who, reason: 'the cloud asked this gateway to identify itself' });
+      return { state: 'done', exitCode: 0, output: JSON.stringify(who) };
+    }
+    return undefined;
   }
 
   /** While commands wait behind a running one, the earliest expiry among them is checked when it comes. */
   private scheduleExpiry(): void {
     clearTimeout(this.expiryTimer);
     this.expiryTimer = undefined;
-    const queued = this.o.queue.queued();
-    if (queued.length === 0) return;
-    const earliest = Math.min(...queued.map((c) => c.expires));
+    if (this.stopped) return;
+    const earliest = this.o.queue.earliestExpiry();
+    if (earliest === undefined) return;
     const delay = Math.max(0, Math.min(earliest - this.o.now() + 1, 2_147_000_000));
-    this.expiryTimer = setTimeout(() => this.sweepExpired(), delay);
+    this.expiryTimer = setTimeout(() => this.pump(), delay);
     this.expiryTimer.unref();
   }
 
-  private sweepExpired(): void {
-    if (this.stopped) return;
-    const now = this.o.now();
-    for (const c of this.o.queue.queued()) if (c.expires <= now) this.expire(c);
-    this.pump();
-  }
-
   private run(c: QueuedCommand): void {
-    const handle = { kill: () => undefined as void };
+    const handle = this.active.get(c.id) ?? { kill: () => undefined };
     this.active.set(c.id, handle);
-    const started = this.o.commit.run(() => undefined);
-    void started
-      .then(() => {
-        const cur = this.o.queue.get(c.id);
-        if (cur) this.report(cur);
-        this.o.log.info({ event: 'cmd.running', cmd: c.id, priority: c.priority });
-        return this.execute(c, handle);
-      })
+    this.o.log.info({ event: 'cmd.running', cmd: c.id, priority: c.priority });
+    this.execute(c, handle)
       .catch((err: unknown): Outcome => ({ state: 'failed', reason: `the agent could not run it: ${String(err)}` }))
       .then(async (outcome) => {
-        this.active.delete(c.id);
         if (outcome.state === 'done') this.counters.ran++;
         else this.counters.failed++;
         await this.o.commit.run(() => this.o.queue.finish(c.id, outcome, this.o.now()));
+        this.active.delete(c.id);
         this.o.log.info({
           event: 'cmd.finished',
           cmd: c.id,
@@ -270,12 +310,9 @@ export class CommandRunner {
     const { actions, log } = this.o;
     switch (name) {
       case 'ping':
-        return { state: 'done', exitCode: 0, output: args.length > 0 ? `pong ${args.join(' ')}` : 'pong' };
-      case 'idfy': {
-        const who = actions.identify();
-        log.warn({ event: 'cmd.identify', ...who, reason: 'the cloud asked this gateway to identify itself' });
-        return { state: 'done', exitCode: 0, output: JSON.stringify(who) };
-      }
+      case 'idfy':
+        // Taken as instant (see take); here only if one was found running after a crash, which cannot happen.
+        return this.instant({ command: Buffer.from([name, ...args].join(' ')) } as QueuedCommand)!;
       case 'frmt': {
         if (!this.o.allowFactoryReset) {
           return { state: 'failed', reason: "factory reset is not allowed by this gateway's config" };

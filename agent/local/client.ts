@@ -3,7 +3,7 @@
  * tests and benchmarks. Requests may be pipelined: each resolves with its own response.
  */
 import { type Socket, connect } from 'node:net';
-import type { LocalResponse, VarJson, WatchEvent } from './messages.js';
+import type { LocalResponse, QueueJson, VarJson, WatchEvent } from './messages.js';
 
 export class LocalClientError extends Error {
   override name = 'LocalClientError';
@@ -74,6 +74,9 @@ export class LocalClient {
   }
   sync(type: 'd' | 's', name: string): Promise<VarJson> {
     return this.request({ op: 'sync', type, name });
+  }
+  queue(recent = 20): Promise<QueueJson> {
+    return this.request({ op: 'queue', recent });
   }
   status<T = Record<string, unknown>>(): Promise<T> {
     return this.request({ op: 'status' });

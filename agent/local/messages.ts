@@ -32,6 +32,7 @@ export const LocalRequest = z.discriminatedUnion('op', [
   z.object({ op: z.literal('sync'), id: Id, type: Type, name: Name }).strict(),
   z.object({ op: z.literal('watch'), id: Id }).strict(),
   z.object({ op: z.literal('status'), id: Id }).strict(),
+  z.object({ op: z.literal('queue'), id: Id, recent: z.number().int().min(0).max(1000).default(20) }).strict(),
   z.object({ op: z.literal('log-level'), id: Id, level: z.enum(LOG_LEVELS) }).strict(),
 ]);
 export type LocalRequest = z.infer<typeof LocalRequest>;
@@ -70,3 +71,26 @@ export type LocalResponse =
 /** Lines sent to a watcher after its `watch` request was answered. */
 export type WatchEvent =
   { event: 'change'; source: 'local' | 'cloud'; var: VarJson } | { event: 'acked' | 'syncacked'; var: VarJson };
+
+/** A command as `devcloud-agent queue` shows it. */
+export interface CommandJson {
+  id: string;
+  command?: string;
+  command64?: string;
+  priority: number;
+  state: string;
+  received: number;
+  expires: number;
+  stateAt: number;
+  exitCode: number | null;
+  reason: string | null;
+  output: string | null;
+  truncated: boolean;
+}
+
+/** The queue: what waits and runs, in run order, and the most recent commands of any state. */
+export interface QueueJson {
+  running: CommandJson[];
+  queued: CommandJson[];
+  recent: CommandJson[];
+}

@@ -16,6 +16,7 @@ import { LocalRequest, type LocalResponse, MAX_LINE_BYTES, type WatchEvent, varJ
 export interface LocalApi {
   vars: VarSync;
   status(): unknown;
+  queue(recent: number): unknown;
   setLogLevel(level: LogLevel): void;
 }
 
@@ -175,6 +176,8 @@ export class LocalServer {
         return { watching: true };
       case 'status':
         return this.api.status();
+      case 'queue':
+        return this.api.queue(req.recent);
       case 'log-level':
         this.api.setLogLevel(req.level);
         this.log.info({ event: 'log.level_changed', level: req.level });

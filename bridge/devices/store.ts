@@ -155,6 +155,7 @@ export class DeviceStore {
   private readonly s;
   private readonly rows = new Map<string, Device | null>();
   private readonly views = new Map<string, string>();
+  private readonly owned = new Map<number, readonly string[]>();
 
   constructor(private readonly db: Db) {
     this.s = {
@@ -253,8 +254,12 @@ export class DeviceStore {
   }
 
   /** The ids of the devices registered to a user, in the order they were claimed. */
-  deviceIdsOf(userId: number): string[] {
-    return this.s.idsOfOwner.all(userId);
+  deviceIdsOf(userId: number): readonly string[] {
+    const hit = this.owned.get(userId);
+    if (hit !== undefined) return hit;
+    const ids = this.s.idsOfOwner.all(userId);
+    this.remember(this.owned, userId, ids);
+    return ids;
   }
 
   secretHash(deviceId: string): string | undefined {
@@ -291,6 +296,7 @@ export class DeviceStore {
     if (d?.ownerId === userId) return 'already-yours';
     if (!d || d.ownerId !== null) return 'taken';
     this.forget(deviceId);
+    this.owned.delete(userId);
     return this.s.claim.run(userId, now, deviceId).changes > 0 ? 'claimed' : 'taken';
   }
 
@@ -301,6 +307,7 @@ export class DeviceStore {
    */
   unregister(deviceId: string, userId: number): boolean {
     this.forget(deviceId);
+    this.owned.delete(userId);
     if (this.s.unclaim.run(deviceId, userId).changes === 0) return false;
     this.s.delServerVars.run(deviceId);
     this.s.delHistory.run(deviceId);
@@ -455,7 +462,7 @@ export class DeviceStore {
     this.views.delete(deviceId);
   }
 
-  private remember<V>(map: Map<string, V>, key: string, value: V): void {
+  private remember<K, V>(map: Map<K, V>, key: K, value: V): void {
     // What a transaction has read may still be rolled back: only committed state is kept.
     if (this.db.inTransaction) return;
     if (map.size >= CACHE_MAX) map.delete(map.keys().next().value!);
