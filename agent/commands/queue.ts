@@ -128,6 +128,9 @@ export class CommandQueue {
       ),
       next: db.prepare<[], Row>("SELECT * FROM commands WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT 1"),
       queued: db.prepare<[], Row>("SELECT * FROM commands WHERE state = 'queued' ORDER BY priority DESC, seq"),
+      lapsed: db.prepare<[number, number], Row>(
+        "SELECT * FROM commands WHERE state = 'queued' AND expires <= ? ORDER BY priority DESC, seq LIMIT ?",
+      ),
       running: db.prepare<[], Row>("SELECT * FROM commands WHERE state = 'running' ORDER BY seq"),
       start: db.prepare(
         "UPDATE commands SET state = 'running', state_at = @now, started_at = @now, reported = 0 WHERE id = @id AND state = 'queued'",
@@ -172,6 +175,11 @@ export class CommandQueue {
 
   queued(): QueuedCommand[] {
     return this.s.queued.all().map(toCommand);
+  }
+
+  /** Queued commands whose lifetime ended by `now`, wherever they are in the queue. */
+  lapsed(now: number, limit: number): QueuedCommand[] {
+    return this.s.lapsed.all(now, limit).map(toCommand);
   }
 
   running(): QueuedCommand[] {

@@ -79,6 +79,8 @@ function words(command: Buffer): string[] {
 export class CommandRunner {
   private readonly active = new Map<string, { kill(): void }>();
   private expiryTimer: NodeJS.Timeout | undefined;
+  /** The expiry timer fired: the next pass looks for lapsed commands anywhere in the queue. */
+  private expiryDue = false;
   private stopped = false;
   private pumping = false;
   private pumpAgain = false;
@@ -208,6 +210,21 @@ export class CommandRunner {
   private take(): { expired: QueuedCommand[]; instant: QueuedCommand[]; started: QueuedCommand[] } {
     const { queue, now } = this.o;
     const out = { expired: [] as QueuedCommand[], instant: [] as QueuedCommand[], started: [] as QueuedCommand[] };
+    // When the expiry timer fired, lifetimes that ended are settled wherever the commands are in the queue, also
+    // while every slot is busy: a command waiting behind a running one is reported expired when its lifetime
+    // ends (not when the slot frees), and the timer is not set again for a time already past.
+    if (this.expiryDue) {
+      this.expiryDue = false;
+      const t0 = now();
+      const lapsed = queue.lapsed(t0, 500);
+      for (const c of lapsed) {
+        queue.finish(c.id, { state: 'expired', reason: 'its lifetime ended before it could run' }, t0);
+        this.counters.expired++;
+        this.o.log.info({ event: 'cmd.expired', cmd: c.id });
+        out.expired.push(c);
+      }
+      if (lapsed.length === 500) this.expiryDue = true;
+    }
     // Bounded, so that one transaction stays short however long the queue; the next pass takes the rest.
     for (let n = 0; n < 500 && this.active.size < this.o.concurrency; n++) {
       const next = queue.next();
@@ -259,7 +276,10 @@ export class CommandRunner {
     const earliest = this.o.queue.earliestExpiry();
     if (earliest === undefined) return;
     const delay = Math.max(0, Math.min(earliest - this.o.now() + 1, 2_147_000_000));
-    this.expiryTimer = setTimeout(() => this.pump(), delay);
+    this.expiryTimer = setTimeout(() => {
+      this.expiryDue = true;
+      this.pump();
+    }, delay);
     this.expiryTimer.unref();
   }
 

@@ -1,0 +1,218 @@
+/**
+ * Commands across crashes, with real processes killed by SIGKILL:
+ * - the agent killed while one command runs and others wait: the running one is reported failed
+ *   ("interrupted"), the waiting ones run exactly once each after the restart, in their order;
+ * - the bridge killed while a command runs, and right after it answered a POST: on the device's next hello the
+ *   bridge hands its open commands over again, and the agent answers the repeat without running it again.
+ */
+import { execFile } from 'node:child_process';
+import { rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { QueueJson } from '../../agent/local/messages.js';
+import {
+  type AgentProcess,
+  ROOT,
+  type TestAgent,
+  spawnAgent,
+  startAgent,
+  tempDir,
+  waitForSocket,
+} from '../support/agent.js';
+import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
+import { freePort } from '../support/brokers.js';
+import { type Cmd, FINAL_STATES, newIdentity, runsIn, until, writeHandlers } from './support.js';
+
+const run = promisify(execFile);
+
+async function signupAndClaim(http: HttpClient, authcode: string, deviceId: string): Promise<void> {
+  const signup = await http.post('/0/session/signup', {
+    form: { login: 'faults@example.com', password: 'correct horse battery' },
+  });
+  expect(signup.status).toBe(201);
+  const claim = await until(async () => {
+    const r = await http.post('/0/devices/', { form: { auth: authcode } });
+    return r.status === 201 ? r : undefined;
+  }, 'the claim');
+  expect(claim.body).toBe(deviceId);
+}
+
+/** The command's state, or `undefined` while the bridge is away. */
+async function getCmd(http: HttpClient, deviceId: string, cmd: string): Promise<Cmd | undefined> {
+  try {
+    const r = await http.get(`/0/devices/${deviceId}/commands/${cmd}`);
+    return r.status === 200 ? (JSON.parse(r.body) as Cmd) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function finished(http: HttpClient, deviceId: string, cmd: string): Promise<Cmd> {
+  return until(async () => {
+    const c = await getCmd(http, deviceId, cmd);
+    return c && FINAL_STATES.includes(c.state) ? c : undefined;
+  }, `command ${cmd} to finish`);
+}
+
+async function post(http: HttpClient, deviceId: string, command: string, priority = '0'): Promise<string> {
+  const r = await http.post(`/0/devices/${deviceId}/`, { form: { command, priority } });
+  expect(r.status, r.body).toBe(200);
+  return r.body;
+}
+
+describe('commands across crashes', () => {
+  const cleanups: Array<() => Promise<void> | void> = [];
+  afterEach(async () => {
+    for (const c of cleanups.splice(0).reverse()) await c();
+  });
+
+  function workFolder(): { work: string; handlers: string } {
+    const work = tempDir('devcloud-cmd-work-');
+    const handlers = join(work, 'handlers');
+    writeHandlers(handlers, work);
+    cleanups.push(() => {
+      // Lets go of a handler the killed agent left behind, then removes the folder (which also ends it).
+      writeFileSync(join(work, 'release-all'), '');
+      rmSync(work, { recursive: true, force: true });
+    });
+    return { work, handlers };
+  }
+
+  it('kill -9 of the agent: the running command is interrupted, the queued ones run once each', async () => {
+    const bridge: LiveBridge = await startLiveBridge();
+    cleanups.push(() => bridge.close());
+    const { work, handlers } = workFolder();
+    const identity = newIdentity();
+    const provision = join(work, 'provision.json');
+    writeFileSync(provision, JSON.stringify(identity), { mode: 0o600 });
+    const config = join(work, 'agent.json');
+    writeFileSync(config, JSON.stringify({ mqtt: { backoffMinMs: 50, backoffMaxMs: 500 } }));
+    const stateDir = tempDir('devcloud-cmd-agent-');
+    cleanups.push(() => rmSync(stateDir, { recursive: true, force: true }));
+    const procs: AgentProcess[] = [];
+    cleanups.push(async () => {
+      for (const p of procs) await p.kill9();
+    });
+    const spawn = () => {
+      const p = spawnAgent(
+        [
+          'run',
+          '--state-dir',
+          stateDir,
+          '--mqtt-url',
+          bridge.mqttUrl,
+          '--udp-port',
+          '0',
+          '--commands-dir',
+          handlers,
+          '--provision',
+          provision,
+          '--log-level',
+          'warn',
+          '--log-pretty',
+          'never',
+          '--config',
+          config,
+        ],
+        { CONFIGURATION_DIRECTORY: work },
+      );
+      procs.push(p);
+      return p;
+    };
+
+    const first = spawn();
+    (await waitForSocket(first.socket)).close();
+    const { deviceId } = identity;
+    const http = bridge.client();
+    await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
+    await signupAndClaim(http, identity.authcode, deviceId);
+
+    const running = await post(http, deviceId, 'block first');
+    await until(async () => (await getCmd(http, deviceId, running))?.state === 'running', 'first running');
+    await until(() => runsIn(work).includes('first'), 'the first handler started');
+    const waiting: Array<[string, string]> = [
+      ['rec a', '0'],
+      ['rec b', '2'],
+      ['rec c', '1'],
+      ['rec d', '0'],
+    ];
+    const ids = new Map<string, string>();
+    for (const [command, priority] of waiting) ids.set(command, await post(http, deviceId, command, priority));
+    for (const id of ids.values()) {
+      await until(async () => (await getCmd(http, deviceId, id))?.delivered ?? undefined, `${id} delivered`);
+    }
+
+    await first.kill9();
+    expect((await first.exited).signal).toBe('SIGKILL');
+    const second = spawn();
+
+    const interrupted = await finished(http, deviceId, running);
+    expect(interrupted.state).toBe('failed');
+    expect(interrupted.reason).toMatch(/^interrupted/);
+    const outcomes = await Promise.all([...ids.values()].map((id) => finished(http, deviceId, id)));
+    expect(outcomes.map((c) => c.state)).toEqual(['done', 'done', 'done', 'done']);
+    expect(runsIn(work)).toEqual(['first', 'b', 'c', 'a', 'd']);
+
+    // What the gateway's engineer sees: nothing left to run; the history with the interrupted one.
+    const { stdout } = await run(
+      process.execPath,
+      ['--import', 'tsx', join(ROOT, 'agent/main.ts'), 'queue', '--json', '--socket', second.socket],
+      { cwd: ROOT, env: { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: work } },
+    );
+    const q = JSON.parse(stdout) as QueueJson;
+    expect([q.running, q.queued]).toEqual([[], []]);
+    expect(q.recent.map((c) => [c.command, c.state])).toEqual([
+      ['rec d', 'done'],
+      ['rec c', 'done'],
+      ['rec b', 'done'],
+      ['rec a', 'done'],
+      ['block first', 'failed'],
+    ]);
+    expect(runsIn(work)).toEqual(['first', 'b', 'c', 'a', 'd']);
+  });
+
+  it('kill -9 of the bridge: commands handed over again on hello run once', async () => {
+    const dataDir = tempDir('devcloud-bridge-');
+    const ports = { dataDir, httpPort: await freePort(), mqttPort: await freePort() };
+    let bridge: BridgeProcess = await spawnBridge(ports);
+    cleanups.push(async () => {
+      await bridge.stop();
+      rmSync(dataDir, { recursive: true, force: true });
+    });
+    const { work, handlers } = workFolder();
+    const agent: TestAgent = await startAgent({ mqttUrl: bridge.mqttUrl, flags: { 'commands.dir': handlers } });
+    cleanups.push(async () => {
+      await agent.stop();
+      rmSync(agent.config.stateDir, { recursive: true, force: true });
+    });
+    const { deviceId, authcode } = agent.agent.identity;
+    // The ports stay across restarts: one client (and its session) serves every bridge.
+    const http = bridge.client();
+    await signupAndClaim(http, authcode, deviceId);
+    const counters = agent.agent.commands.counters;
+
+    // Killed while the handler runs: the bridge has it sent or running, never finished.
+    const once = await post(http, deviceId, 'block once');
+    await until(() => runsIn(work).includes('once'), 'the handler started');
+    await bridge.kill9();
+    const repeats = counters.duplicates;
+    bridge = await spawnBridge(ports);
+    await until(() => counters.duplicates > repeats, 'the command handed over again on hello');
+    await until(async () => (await getCmd(http, deviceId, once))?.state === 'running', 'once running on the bridge');
+    writeFileSync(join(work, 'release-once'), '');
+    expect(await finished(http, deviceId, once)).toMatchObject({ state: 'done', output: 'released once\n' });
+    expect(runsIn(work)).toEqual(['once']);
+
+    // Killed right after it answered: whether or not the command went out, it runs once.
+    const twice = await post(http, deviceId, 'rec twice');
+    await bridge.kill9();
+    bridge = await spawnBridge(ports);
+    expect((await finished(http, deviceId, twice)).state).toBe('done');
+    // Anything handed over again went before this one, and was answered, not run.
+    expect((await finished(http, deviceId, await post(http, deviceId, 'ping'))).state).toBe('done');
+    expect(runsIn(work)).toEqual(['once', 'twice']);
+    expect(agent.agent.queue.get(twice)?.state).toBe('done');
+  });
+});
