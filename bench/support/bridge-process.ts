@@ -60,7 +60,10 @@ async function waitForPort(proc: ChildProcess, port: number, what: string, outpu
  * (scrypt N=2^17, one hash at a time, the rate limits), logging at warn. Resolves once the HTTP port accepts
  * connections.
  */
-export async function spawnBridgeProcess(opts: BridgeProcessOptions, cleanup: Cleanup): Promise<ServerProcess> {
+export async function spawnBridgeProcess(
+  opts: BridgeProcessOptions,
+  cleanup: Cleanup,
+): Promise<ServerProcess & { mqttUrl: string }> {
   const script = join(ROOT, opts.runtime === 'dist' ? 'dist/bridge/main.js' : 'bridge/main.ts');
   const nodeArgs = [...shebangNodeArgs(script), ...(opts.nodeArgs ?? [])];
   if (opts.cpuProfDir) nodeArgs.push('--cpu-prof', '--cpu-prof-dir', opts.cpuProfDir);
@@ -93,11 +96,21 @@ export async function spawnBridgeProcess(opts: BridgeProcessOptions, cleanup: Cl
   const stop = () => stopChild(proc, 15_000);
   cleanup.add('stop the bridge', stop);
   await waitForPort(proc, httpPort, 'the bridge', output);
-  return { pid: proc.pid!, url: `http://127.0.0.1:${httpPort}`, nodeArgs, output, stop };
+  return {
+    pid: proc.pid!,
+    url: `http://127.0.0.1:${httpPort}`,
+    mqttUrl: `mqtt://127.0.0.1:${mqttPort}`,
+    nodeArgs,
+    output,
+    stop,
+  };
 }
 
-/** The bare Fastify server (`bare-http-main.ts`), answering `userBody` on `GET /0/user/`. */
-export async function spawnBareHttp(userBody: string, cleanup: Cleanup): Promise<ServerProcess> {
+/**
+ * The bare Fastify server (`bare-http-main.ts`), answering `userBody` on `GET /0/user/`, and the routes of
+ * `routesFile` (a JSON object of path and body) when given.
+ */
+export async function spawnBareHttp(userBody: string, cleanup: Cleanup, routesFile?: string): Promise<ServerProcess> {
   const port = await freePort();
   const nodeArgs = ['--import', 'tsx'];
   const proc = spawn(
@@ -107,6 +120,7 @@ export async function spawnBareHttp(userBody: string, cleanup: Cleanup): Promise
       join(ROOT, 'bench/support/bare-http-main.ts'),
       String(port),
       Buffer.from(userBody).toString('base64'),
+      ...(routesFile ? [routesFile] : []),
     ],
     { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
   );

@@ -9,7 +9,8 @@
  *
  * Every method is synchronous; writes run inside the caller's transaction (`BridgeStore.write`). Only one
  * bridge process serves a data directory, so the JSON of a device object is kept in memory once built and
- * dropped by every write that changes the device.
+ * dropped by every write that changes the device; so is the list of each user's devices, dropped by the user's
+ * claims and unregistrations (the only writes that change a device's owner).
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
 import { type Version, compareVersions } from '../../protocol/index.js';
@@ -155,6 +156,7 @@ export class DeviceStore {
   private readonly s;
   private readonly rows = new Map<string, Device | null>();
   private readonly views = new Map<string, string>();
+  /** Device ids by owner, in claim order. */
   private readonly owned = new Map<number, readonly string[]>();
 
   constructor(private readonly db: Db) {
