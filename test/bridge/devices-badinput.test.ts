@@ -589,8 +589,10 @@ describe('bad input on the device routes and the device topics', () => {
       want: NOT_FOUND,
     });
     add('DELETE the list', { method: 'DELETE', path: '/0/devices/', want: NOT_FOUND });
-    add('POST a device', { method: 'POST', path: `/0/devices/${D}`, ...form({ value: 'x' }), want: NOT_FOUND });
-    add('POST a type', { method: 'POST', path: `/0/devices/${D}/d`, ...form({ value: 'x' }), want: NOT_FOUND });
+    // POST of a device is a command, and POST of one path segment below it the older clients' command spelling:
+    // without a command (or with a type's name as the command) both are malformed.
+    add('POST a device', { method: 'POST', path: `/0/devices/${D}`, ...form({ value: 'x' }), want: SET_FAIL });
+    add('POST a type', { method: 'POST', path: `/0/devices/${D}/d`, ...form({ value: 'x' }), want: SET_FAIL });
     add('DELETE a type', { method: 'DELETE', path: `/0/devices/${D}/d`, want: NOT_FOUND });
     add('a path below a variable', { method: 'GET', path: `/0/devices/${D}/d/led/x`, want: NOT_FOUND });
     add('POST network', { method: 'POST', path: '/0/network/', want: NOT_FOUND });
