@@ -11,6 +11,7 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { type Logger, type LogLevel } from '../lib/log.js';
 import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
+import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
@@ -22,7 +23,7 @@ import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
 import { NearbyListener } from './nearby/listener.js';
 import { HeardReporter } from './nearby/reporter.js';
-import { type DownMessage, Uplink, safeUrl } from './uplink.js';
+import { type DownMessage, Uplink } from './uplink.js';
 import { ChangeHook } from './vars/hooks.js';
 import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
@@ -243,7 +244,9 @@ export class Agent {
       dropped: this.uplink.dropped,
       nearby: { port: this.nearby.port ?? null, listening: this.nearby.listening, ...this.nearby.counters },
       hook: this.hook?.counters ?? null,
-      commands: { ...this.queue.counts(), ...this.commands.counters },
+      // The runner's counters (since start) and, apart, what the queue holds by state: both have `failed` and
+      // `expired`, which mean different things.
+      commands: { ...this.commands.counters, queue: this.queue.counts() },
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
     };

@@ -10,6 +10,7 @@ import { readFileSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../lib/log.js';
+import { safeUrl } from '../lib/url.js';
 import {
   type DownTopic,
   type HelloMessage,
@@ -58,18 +59,6 @@ interface UplinkEvents {
 export function backoffDelay(attempt: number, minMs: number, maxMs: number, random: () => number): number {
   const ceiling = Math.min(maxMs, minMs * 2 ** Math.min(attempt, 30));
   return Math.round(minMs / 2 + random() * Math.max(0, ceiling - minMs / 2));
-}
-
-/** The broker URL without credentials, for logs. */
-export function safeUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    u.username = '';
-    u.password = '';
-    return u.toString();
-  } catch {
-    return '(invalid url)';
-  }
 }
 
 export class Uplink extends EventEmitter<UplinkEvents> {

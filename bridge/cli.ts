@@ -8,13 +8,14 @@ import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
 import { createLogger } from '../lib/log.js';
+import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { PasswordHasher } from './accounts/password.js';
 import { buildApp } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
-import { DeviceLink, safeBrokerUrl } from './devices/link.js';
+import { DeviceLink } from './devices/link.js';
 import { DeviceService } from './devices/service.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
@@ -305,7 +306,7 @@ export async function startBridge(
       await fail(err);
     }
     // An external broker may come later: the client keeps trying, and devices catch up when it does.
-    log.error({ event: 'mqtt.unreachable', url: safeBrokerUrl(config.mqtt.url!), err: (err as Error).message });
+    log.error({ event: 'mqtt.unreachable', url: safeUrl(config.mqtt.url!), err: (err as Error).message });
   }
   // Expired sessions can no longer be used; removing them keeps the table the size of the live ones.
   const DAY_MS = 86_400_000;
@@ -379,7 +380,7 @@ async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
     event: 'bridge.started',
     version: VERSION,
     url: bridge.url,
-    mqtt: bridge.broker?.url ?? safeBrokerUrl(config.mqtt.url!),
+    mqtt: bridge.broker?.url ?? safeUrl(config.mqtt.url!),
     defaultFrontend: bridge.defaultFrontend.id,
   });
   return new Promise<number>((resolve) => {

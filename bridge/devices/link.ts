@@ -10,6 +10,7 @@ import { EventEmitter } from 'node:events';
 import type { Socket } from 'node:net';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../../lib/log.js';
+import { safeUrl } from '../../lib/url.js';
 import {
   ALL_DEVICES_UP_FILTERS,
   type DownTopic,
@@ -41,18 +42,6 @@ interface LinkEvents {
   up: [];
   down: [];
   message: [UpMessage];
-}
-
-/** The broker URL without credentials, for logs. */
-export function safeBrokerUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    u.username = '';
-    u.password = '';
-    return u.toString();
-  } catch {
-    return '(invalid url)';
-  }
 }
 
 export class DeviceLink extends EventEmitter<LinkEvents> {
@@ -89,7 +78,7 @@ export class DeviceLink extends EventEmitter<LinkEvents> {
     };
     const client = mqtt.connect(o.url, options);
     this.client = client;
-    const where = safeBrokerUrl(o.url);
+    const where = safeUrl(o.url);
     const ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`no connection to the MQTT broker at ${where}`)), timeoutMs);
       timer.unref();

@@ -15,6 +15,7 @@ import {
   type StatePayload,
   type VarItem,
   type VarsMessage,
+  type VersionRecord,
   MAX_BATCH_ITEMS,
   ackFor,
   decodeValue,
@@ -394,20 +395,6 @@ const RESERVED_META: ReadonlySet<string> = new Set([
 ]);
 
 /** A stored `d` record as the wire sees it. */
-function asVersion(rec: VarRecord): {
-  type: 'd' | 's';
-  name: string;
-  value: Buffer | null;
-  time: number;
-  origin: 'device' | 'cloud';
-  synced: number;
-} {
-  return {
-    type: rec.type === 's' ? 's' : 'd',
-    name: rec.name,
-    value: rec.value,
-    time: rec.time,
-    origin: rec.origin,
-    synced: rec.synced,
-  };
+function asVersion(rec: VarRecord): VersionRecord {
+  return { ...rec, type: rec.type === 's' ? 's' : 'd' };
 }
