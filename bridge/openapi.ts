@@ -1,8 +1,8 @@
 /**
  * The API document: OpenAPI 3.1, served at `GET /0/openapi.json`. Request bodies, query and path parameters
  * and JSON answers are generated with `z.toJSONSchema()` from the same zod schemas the routes read their input
- * with (`sessions/schemas.ts`, `accounts/schemas.ts`, `users/schemas.ts`, `devices/schemas.ts`), with this
- * bridge's limits filled in; every status a route can answer is listed with its plain-text token from the
+ * with (`sessions/schemas.ts`, `accounts/schemas.ts`, `users/schemas.ts`, `devices/schemas.ts`,
+ * `commands/schemas.ts`), with this bridge's limits filled in; every status a route can answer is listed with its plain-text token from the
  * catalog (`errors.ts`).
  * `test/bridge/openapi.test.ts` drives every route through its outcomes and checks each against this document.
  */
@@ -10,6 +10,7 @@ import { z } from 'zod';
 import { VERSION } from '../lib/version.js';
 import { DEVICE_ID_RE } from '../protocol/index.js';
 import { ConfirmQuery, RecoverPageQuery, accountForms } from './accounts/schemas.js';
+import { CommandList, CommandListQuery, CommandObject, PRINTABLE_ASCII_RE, commandForm } from './commands/schemas.js';
 import type { BridgeConfig } from './config.js';
 import {
   AUTHCODE_RE,
@@ -87,7 +88,7 @@ interface Route {
    */
   path: string;
   operationId: string;
-  tag: 'Session' | 'User data' | 'Devices' | 'Network' | 'Meta';
+  tag: 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Meta';
   summary: string;
   description: string;
   /** required: the route needs a session; optional: the route uses one when there is one. */
@@ -309,6 +310,7 @@ function routes(config: BridgeConfig): Route[] {
       },
     },
     ...deviceRoutes(config),
+    ...commandRoutes(config),
     {
       method: 'get',
       path: OPENAPI_PATH,
@@ -546,6 +548,121 @@ function deviceRoutes(config: BridgeConfig): Route[] {
   ];
 }
 
+function commandRoutes(config: BridgeConfig): Route[] {
+  const c = config.commands;
+  const who =
+    'Who may: whoever may set the variables of the device, that is its owner, or, while it has no owner, a user ' +
+    'it heard nearby (decisions 14 and 18). Any other device answers exactly as one that does not exist.';
+  const uuid = { type: 'string', pattern: DEVICE_ID_RE.source };
+  const full =
+    `the device already has \`commands.maxOpen\` (${c.maxOpen}) commands that are not finished (queued, sent or ` +
+    'running; decision 13)';
+  const accepted: Outcome = {
+    description:
+      'Stored, with its expiry, before this answer: the command uuid. It goes to the device now if the device is ' +
+      'connected, else at its next connection.',
+    text: uuid,
+  };
+  return [
+    {
+      method: 'post',
+      path: '/0/devices/{id}',
+      operationId: 'sendCommand',
+      tag: 'Commands',
+      summary: 'Send a command to a device',
+      description:
+        'The specification and decisions 12 and 13. `command` is printable ASCII; `command64` carries any bytes ' +
+        `and wins when both are sent; either way at most \`commands.maxBytes\` (${c.maxBytes}) bytes. \`priority\` ` +
+        `0, 1 or 2 (default 0): the device runs the highest first. \`lifetime\`: milliseconds from now, 1 to ` +
+        `\`commands.maxLifetimeMs\` (${c.maxLifetimeMs}), default \`commands.defaultLifetimeMs\` ` +
+        `(${c.defaultLifetimeMs}); a command that has not started by then never runs. In a JSON body \`priority\` ` +
+        'and `lifetime` may be numbers. Follow it with `GET /0/devices/{id}/commands/{cmd}`. ' +
+        who,
+      session: 'required',
+      body: 'CommandForm',
+      responses: {
+        200: accepted,
+        400: {
+          description:
+            'No device the user may see; neither `command` nor `command64`; `command` not printable ASCII, empty ' +
+            'or too long; `command64` not base64 or too long; `priority` or `lifetime` out of range or not an ' +
+            `integer; ${full}; a body that is not a set of fields; or a malformed body.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'post',
+      path: '/0/devices/{id}/{command}',
+      operationId: 'sendCommandInPath',
+      tag: 'Commands',
+      summary: 'Send a command, named in the path (the spelling of older clients)',
+      description:
+        'The command is the last path segment (percent-encoded); the body is not read. Default priority and ' +
+        `lifetime. A segment that names a part of the device (\`d\`, \`s\`, \`meta\`, \`fw\`, \`firmware\`, ` +
+        `\`commands\`) is not a command. ${who}`,
+      session: 'required',
+      responses: {
+        200: accepted,
+        400: {
+          description:
+            'No device the user may see; a segment that is not printable ASCII once decoded, longer than ' +
+            `\`commands.maxBytes\` (${c.maxBytes}) bytes (or 256 characters as sent), or one of the reserved ` +
+            `names; ${full}; or a malformed body.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/devices/{id}/commands/',
+      operationId: 'listCommands',
+      tag: 'Commands',
+      summary: "The device's commands and their states",
+      description:
+        'An extension (DESIGN section 6): command objects, newest first. States: `queued` (on the bridge), ' +
+        '`sent` (handed to the broker; `delivered` is set once the device has stored it), `running`, `done`, ' +
+        '`failed`, `expired`. Commands are kept until the device is unregistered. ' +
+        `${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      query: CommandListQuery,
+      responses: {
+        200: { description: 'The commands; `[]` when there are none.', json: 'CommandList' },
+        400: {
+          description: '`latest` is not a non-negative integer (or is given twice).',
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+        404: DEVICE_NOT_FOUND,
+      },
+    },
+    {
+      method: 'get',
+      path: '/0/devices/{id}/commands/{cmd}',
+      operationId: 'getCommand',
+      tag: 'Commands',
+      summary: 'One command and its state',
+      description:
+        'An extension (DESIGN section 6): the command object. A finished command has `finished`, and, when the ' +
+        'device ran a program, `exitCode` or `signal` and the end of its output (`output`, `truncated` when cut); ' +
+        `\`reason\` says why it failed or expired. ${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      responses: {
+        200: { description: 'The command object.', json: 'Command' },
+        401: NO_SESSION,
+        404: {
+          ...DEVICE_NOT_FOUND,
+          description:
+            '`device-fail`: no device the user may see, or no command with this uuid on this device. `not found`: ' +
+            'an unknown frontend.',
+        },
+      },
+    },
+  ];
+}
+
 /** The path parameters of the device routes, by name (the routes read them with `devices/schemas.ts`). */
 function pathParameters(path: string): Json[] {
   const described: Record<string, Json> = {
@@ -565,6 +682,14 @@ function pathParameters(path: string): Json[] {
       schema: jsonSchema(VarTypeParam),
     },
     name: { description: 'The variable name.', schema: jsonSchema(VarNameParam) },
+    command: {
+      description: 'The command, printable ASCII, percent-encoded.',
+      schema: { type: 'string', pattern: PRINTABLE_ASCII_RE.source },
+    },
+    cmd: {
+      description: 'The command uuid, as `POST /0/devices/{id}/` answered it; case-insensitive.',
+      schema: { type: 'string', format: 'uuid' },
+    },
   };
   return [...path.matchAll(/\{(\w+)\}/g)].map(([, name]) => ({
     name,
@@ -683,10 +808,11 @@ export function buildOpenApi(config: BridgeConfig): Json {
   return {
     openapi: '3.1.0',
     info: {
-      title: 'devcloud bridge: sessions, user data, devices and network',
+      title: 'devcloud bridge: sessions, user data, devices, commands and network',
       version: VERSION,
       description:
-        'The Session, User data, Devices and Network endpoints of the device cloud REST API. Bodies are form fields ' +
+        'The Session, User data, Devices (with commands) and Network endpoints of the device cloud REST API, and ' +
+        'the status of commands (an extension). Bodies are form fields ' +
         '(`application/x-www-form-urlencoded`); JSON objects are accepted too. Answers are plain-text tokens ' +
         'unless stated as JSON. Every route also answers `HEAD` for `GET`, and takes its path with or without a ' +
         'trailing slash.\n\n' +
@@ -717,6 +843,7 @@ export function buildOpenApi(config: BridgeConfig): Json {
       { name: 'Session', description: 'Sessions, accounts, confirmation and recovery.' },
       { name: 'User data', description: 'The user object.' },
       { name: 'Devices', description: 'Claimed and nearby devices, their variables and history.' },
+      { name: 'Commands', description: 'Commands to a device, and their states.' },
       { name: 'Network', description: 'The devices near the user.' },
       { name: 'Meta', description: 'About the API.' },
     ],
@@ -754,6 +881,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
             UserDataForm,
             ClaimForm,
             VariableForm: variableForm(config.devices.maxValueBytes),
+            // Every field is optional on its own, but one of the two must come.
+            CommandForm: commandForm(config.commands).meta({
+              anyOf: [{ required: ['command'] }, { required: ['command64'] }],
+            }),
           },
           'input',
         ),
@@ -767,6 +898,8 @@ export function buildOpenApi(config: BridgeConfig): Json {
             HistoryList,
             VariableAnswer: z.union([VariableRecord, z.string(), HistoryList]),
             ClaimResponse,
+            Command: CommandObject,
+            CommandList,
           },
           'output',
         ),

@@ -79,6 +79,7 @@ function words(command: Buffer): string[] {
 export class CommandRunner {
   private readonly active = new Map<string, { kill(): void }>();
   private expiryTimer: NodeJS.Timeout | undefined;
+  private pruneTimer: NodeJS.Timeout | undefined;
   /** The expiry timer fired: the next pass looks for lapsed commands anywhere in the queue. */
   private expiryDue = false;
   private stopped = false;
@@ -103,13 +104,17 @@ export class CommandRunner {
       });
       for (const c of interrupted) this.o.log.warn({ event: 'cmd.interrupted', cmd: c.id });
     }
-    await this.o.commit.run(() => queue.prune(now() - this.o.keepMs), { durable: false });
+    await this.prune();
+    // A gateway runs for months between starts: finished commands are removed hourly too.
+    this.pruneTimer = setInterval(() => void this.prune(), 3_600_000);
+    this.pruneTimer.unref();
     this.pump();
   }
 
   stop(): void {
     this.stopped = true;
     clearTimeout(this.expiryTimer);
+    clearInterval(this.pruneTimer);
     for (const a of this.active.values()) a.kill();
   }
 
@@ -131,6 +136,15 @@ export class CommandRunner {
     const stored = queue.get(msg.cmd);
     if (stored) this.report(stored);
     this.pump();
+  }
+
+  /** Removes finished commands whose last report reached the broker more than `keepMs` ago (1000 at a time). */
+  private async prune(): Promise<void> {
+    if (this.stopped) return;
+    const { queue, now } = this.o;
+    await this.o.commit
+      .run(() => queue.prune(now() - this.o.keepMs), { durable: false })
+      .catch((err: unknown) => this.o.log.warn({ event: 'cmd.prune_failed', err: String(err) }));
   }
 
   /** On every connect: reports whose state did not reach the broker go again. */

@@ -38,12 +38,25 @@ export function commandForm(l: CommandLimits) {
       .meta({
         description: `The command as base64 (any bytes), at most ${l.maxBytes} bytes decoded; wins over command.`,
       }),
-    priority: intField(0, 2).optional().meta({ description: '0 (default), 1 urgent, 2 most urgent.', type: 'string' }),
+    // The document states the range, which zod cannot derive from the transform: digits as text (a form), or a
+    // JSON integer.
+    priority: intField(0, 2)
+      .optional()
+      .meta({
+        description: '0 (default), 1 urgent, 2 most urgent.',
+        anyOf: [
+          { type: 'string', pattern: '^0{0,15}[0-2]$' },
+          { type: 'integer', minimum: 0, maximum: 2 },
+        ],
+      }),
     lifetime: intField(1, l.maxLifetimeMs)
       .optional()
       .meta({
         description: `Milliseconds the command may wait before it runs: 1 to ${l.maxLifetimeMs}, default ${l.defaultLifetimeMs}.`,
-        type: 'string',
+        anyOf: [
+          { type: 'string', pattern: '^(?=\\d{1,16}$)0*[1-9]\\d*$' },
+          { type: 'integer', minimum: 1, maximum: l.maxLifetimeMs },
+        ],
       }),
     app: AppField,
   });
