@@ -322,6 +322,10 @@ export async function startBridge(
       .prune(config.devices.historyDays)
       .then((n) => (n.history > 0 || n.nearby > 0) && log.info({ event: 'devices.pruned', ...n }))
       .catch((err: unknown) => log.warn({ event: 'devices.prune_failed', err: String(err) }));
+    commands
+      .prune(config.commands.keepDays)
+      .then((n) => n > 0 && log.info({ event: 'cmd.pruned', count: n }))
+      .catch((err: unknown) => log.warn({ event: 'cmd.prune_failed', err: String(err) }));
   };
   prune();
   const pruneTimer = setInterval(prune, 3_600_000);

@@ -98,8 +98,14 @@ export const BridgeConfigSchema = z
         /** Decision 13: `lifetime` when the caller gives none, and the largest accepted, ms. */
         defaultLifetimeMs: z.number().int().min(1).max(2_592_000_000).default(86_400_000),
         maxLifetimeMs: z.number().int().min(1).max(31_536_000_000).default(2_592_000_000),
+        /** Finished commands are kept this many days on the bridge (removed hourly). */
+        keepDays: z.number().min(0.001).max(36500).default(30),
       })
       .strict()
+      .refine((c) => c.defaultLifetimeMs <= c.maxLifetimeMs, {
+        message: 'defaultLifetimeMs must not exceed maxLifetimeMs',
+        path: ['defaultLifetimeMs'],
+      })
       .prefault({}),
     frontends: z
       .object({

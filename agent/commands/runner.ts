@@ -360,6 +360,7 @@ export class CommandRunner {
         await this.reportedRunning();
         return actions.reboot();
       case 'restart':
+        log.warn({ event: 'cmd.restart', reason: 'the cloud asked the agent to restart' });
         await this.reportedRunning();
         actions.restart();
         // The agent is stopping; when it starts again it finds this command running and records it done.

@@ -22,6 +22,8 @@ export type SubmitOutcome = { ok: true; id: string } | { ok: false; reason: 'ful
 
 export class CommandService {
   private send: SendDown = () => false;
+  /** Submits waiting for the end of this turn of the event loop (see turnEnd). */
+  private waiting: Array<() => void> = [];
   readonly counters = { submitted: 0, sent: 0, reports: 0, stale: 0, expired: 0 };
 
   constructor(private readonly o: CommandServiceOptions) {}
@@ -41,6 +43,7 @@ export class CommandService {
     const { store, now } = this.o;
     const id = crypto.randomUUID();
     const t = now();
+    await this.turnEnd();
     const added = await store.write(() => {
       if (store.commands.openCount(deviceId) >= this.o.maxOpen) return false;
       store.commands.add({ id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs });
@@ -82,11 +85,39 @@ export class CommandService {
     }
   }
 
+  /** Hourly: finished commands older than `keepDays`, in batches. Returns how many went. */
+  async prune(keepDays: number): Promise<number> {
+    const before = this.o.now() - keepDays * 86_400_000;
+    let total = 0;
+    for (;;) {
+      const n = await this.o.store.write(() => this.o.store.commands.prune(before, 5000), { durable: false });
+      total += n;
+      if (n < 5000) return total;
+    }
+  }
+
   /** Commands never received whose lifetime ended become `expired`; run every second. */
   async sweep(): Promise<number> {
     const n = await this.o.store.write(() => this.o.store.commands.expire(this.o.now()), { durable: false });
     this.counters.expired += n;
     return n;
+  }
+
+  /**
+   * Resolves every caller of this turn of the event loop at once, after the I/O of the turn: the commands that
+   * requests on several connections bring in the same turn then share one transaction and one fsync (the group
+   * commit batches what is written in one run of microtasks, and each request is parsed in a callback of its own).
+   */
+  private turnEnd(): Promise<void> {
+    return new Promise((resolve) => {
+      this.waiting.push(resolve);
+      if (this.waiting.length > 1) return;
+      setImmediate(() => {
+        const waiting = this.waiting;
+        this.waiting = [];
+        for (const w of waiting) w();
+      });
+    });
   }
 
   private connected(deviceId: string): boolean {

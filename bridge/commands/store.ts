@@ -36,6 +36,7 @@ export const COMMAND_MIGRATION: Migration = (db) => {
     CREATE INDEX commands_device ON commands (device_id, seq);
     CREATE INDEX commands_open ON commands (device_id, seq) WHERE state IN ('queued', 'sent', 'running');
     CREATE INDEX commands_expiry ON commands (expires_at) WHERE state IN ('queued', 'sent') AND delivered_at IS NULL;
+    CREATE INDEX commands_finished ON commands (state_at) WHERE state IN ('done', 'failed', 'expired');
   `);
 };
 
@@ -159,6 +160,10 @@ export class CommandStore {
          WHERE state IN ('queued', 'sent') AND delivered_at IS NULL AND expires_at <= ?`,
       ),
       deleteOfDevice: db.prepare('DELETE FROM commands WHERE device_id = ?'),
+      prune: db.prepare(
+        `DELETE FROM commands WHERE seq IN (
+           SELECT seq FROM commands WHERE state IN ('done', 'failed', 'expired') AND state_at < ? ORDER BY state_at LIMIT ?)`,
+      ),
     };
   }
 
@@ -221,6 +226,11 @@ export class CommandStore {
   /** Commands the device never received whose lifetime ended: `expired`. Returns how many. */
   expire(now: number): number {
     return this.s.expire.run(now).changes;
+  }
+
+  /** Removes up to `max` finished commands whose state is older than `before`; returns how many. */
+  prune(before: number, max: number): number {
+    return this.s.prune.run(before, max).changes;
   }
 
   /** Unregistering a device drops its commands. */
