@@ -15,7 +15,7 @@ import { buildApp } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
-import { DeviceLink } from './devices/link.js';
+import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
 import { DeviceService } from './devices/service.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
@@ -204,7 +204,7 @@ export function hasherFor(config: BridgeConfig): PasswordHasher {
 export interface RunningBridge {
   app: FastifyInstance;
   broker: EmbeddedBroker | undefined;
-  link: DeviceLink;
+  link: Link;
   devices: DeviceService;
   commands: CommandService;
   store: SqliteStore;
@@ -274,28 +274,23 @@ export async function startBridge(
     }
   }
   const b = broker;
-  const link = new DeviceLink(
-    b
-      ? {
-          url: b.url,
-          clientId: b.bridgeClientId,
-          username: b.bridgeUsername,
-          password: b.bridgePassword,
-          persistent: false,
-          log,
-        }
-      : {
-          url: config.mqtt.url!,
-          clientId: config.mqtt.clientId,
-          username: config.mqtt.username,
-          password: mqttPassword,
-          ca: mqttCa,
-          persistent: true,
-          log,
-        },
-  );
+  // The embedded broker is reached through its own interface, in this process; an external one as a client.
+  const link: Link = b
+    ? new EmbeddedLink(b.aedes, log)
+    : new DeviceLink({
+        url: config.mqtt.url!,
+        clientId: config.mqtt.clientId,
+        username: config.mqtt.username,
+        password: mqttPassword,
+        ca: mqttCa,
+        persistent: true,
+        log,
+      });
   devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
-  commands.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
+  commands.attach(
+    (deviceId, name, payload) => link.publish(deviceId, name, payload),
+    () => link.connected,
+  );
   link.on('message', (msg) => void devices.handle(msg));
   link.on('up', () => devices.onLinkUp());
   try {

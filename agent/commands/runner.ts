@@ -85,6 +85,8 @@ export class CommandRunner {
   private stopped = false;
   private pumping = false;
   private pumpAgain = false;
+  /** Commands stored since the last pass, not reported yet. */
+  private readonly unannounced = new Set<string>();
   private reporting = false;
   readonly counters = { received: 0, duplicates: 0, ran: 0, failed: 0, expired: 0 };
 
@@ -133,8 +135,9 @@ export class CommandRunner {
       return;
     }
     this.o.log.info({ event: 'cmd.queued', cmd: msg.cmd, priority: msg.priority, expires: msg.expires });
-    const stored = queue.get(msg.cmd);
-    if (stored) this.report(stored);
+    // Reported by the next pass: as `queued` if it still waits then, else as the state the pass gave it (a command
+    // taken at once needs no `queued` report of its own).
+    this.unannounced.add(msg.cmd);
     this.pump();
   }
 
@@ -201,9 +204,15 @@ export class CommandRunner {
       .run(() => this.take())
       .then((t) => {
         for (const c of [...t.expired, ...t.instant, ...t.started]) {
+          this.unannounced.delete(c.id);
           const cur = this.o.queue.get(c.id);
           if (cur) this.report(cur);
         }
+        for (const id of this.unannounced) {
+          const cur = this.o.queue.get(id);
+          if (cur) this.report(cur);
+        }
+        this.unannounced.clear();
         for (const c of t.started) this.run(c);
         return t.instant.length + t.expired.length > 0;
       })

@@ -8,7 +8,7 @@ import type { Logger } from '../../lib/log.js';
 import { type CmdStatusMessage, messageId } from '../../protocol/index.js';
 import type { SendDown } from '../devices/service.js';
 import type { BridgeStore } from '../store/types.js';
-import type { StoredCommand } from './store.js';
+import type { NewBridgeCommand, StoredCommand } from './store.js';
 
 export interface CommandServiceOptions {
   store: BridgeStore;
@@ -22,14 +22,17 @@ export type SubmitOutcome = { ok: true; id: string } | { ok: false; reason: 'ful
 
 export class CommandService {
   private send: SendDown = () => false;
+  private linkUp: () => boolean = () => false;
   /** Submits waiting for the end of this turn of the event loop (see turnEnd). */
   private waiting: Array<() => void> = [];
   readonly counters = { submitted: 0, sent: 0, reports: 0, stale: 0, expired: 0 };
 
   constructor(private readonly o: CommandServiceOptions) {}
 
-  attach(send: SendDown): void {
+  /** Connects the service to the MQTT side: how to send, and whether the link is up now. */
+  attach(send: SendDown, linkUp: () => boolean): void {
     this.send = send;
+    this.linkUp = linkUp;
   }
 
   /** Stores a command (durably) and hands it over when the device is connected. */
@@ -44,18 +47,19 @@ export class CommandService {
     const id = crypto.randomUUID();
     const t = now();
     await this.turnEnd();
+    const c: NewBridgeCommand = { id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs };
+    // To a connected device it goes right after the commit, so it is recorded `sent` in the same transaction; if the
+    // hand-over fails after all, the command is open and goes again at the next hello like any other.
+    const handOver = this.linkUp() && this.connected(deviceId);
     const added = await store.write(() => {
       if (store.commands.openCount(deviceId) >= this.o.maxOpen) return false;
-      store.commands.add({ id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs });
+      store.commands.add(c, handOver ? t : undefined);
       return true;
     });
     if (!added) return { ok: false, reason: 'full' };
     this.counters.submitted++;
     this.o.log.info({ event: 'cmd.submitted', deviceId, cmd: id, priority, lifetimeMs });
-    if (this.connected(deviceId)) {
-      const c = store.commands.get(id);
-      if (c) this.handOver([c]);
-    }
+    if (handOver && this.publish(c)) this.counters.sent++;
     return { ok: true, id };
   }
 
@@ -76,9 +80,15 @@ export class CommandService {
   }
 
   /** A status report: applied if it moves the command forward; a stale or foreign one changes nothing. */
-  async onStatus(deviceId: string, msg: CmdStatusMessage): Promise<void> {
+  async onStatus(deviceId: string, msg: CmdStatusMessage, alsoInTransaction?: () => void): Promise<void> {
     this.counters.reports++;
-    const moved = await this.o.store.write(() => this.o.store.commands.report(deviceId, msg), { durable: false });
+    const moved = await this.o.store.write(
+      () => {
+        alsoInTransaction?.();
+        return this.o.store.commands.report(deviceId, msg);
+      },
+      { durable: false },
+    );
     if (!moved) this.counters.stale++;
     else if (msg.state !== 'queued' && msg.state !== 'running') {
       this.o.log.info({ event: 'cmd.finished', deviceId, cmd: msg.cmd, state: msg.state, exitCode: msg.exitCode });
@@ -124,19 +134,22 @@ export class CommandService {
     return this.o.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString('utf8') === 'connected';
   }
 
+  private publish(c: NewBridgeCommand | StoredCommand): boolean {
+    return this.send(c.deviceId, 'down/cmd', {
+      id: messageId(),
+      cmd: c.id,
+      command64: c.command.toString('base64'),
+      priority: c.priority,
+      created: c.createdAt,
+      expires: c.expiresAt,
+    });
+  }
+
   /** Publishes commands and records them `sent`; returns how many went. */
   private handOver(commands: readonly StoredCommand[]): number {
     const sent: string[] = [];
     for (const c of commands) {
-      const ok = this.send(c.deviceId, 'down/cmd', {
-        id: messageId(),
-        cmd: c.id,
-        command64: c.command.toString('base64'),
-        priority: c.priority,
-        created: c.createdAt,
-        expires: c.expiresAt,
-      });
-      if (!ok) break;
+      if (!this.publish(c)) break;
       sent.push(c.id);
     }
     if (sent.length === 0) return 0;

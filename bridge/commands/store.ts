@@ -127,8 +127,9 @@ export class CommandStore {
   constructor(db: Db) {
     this.s = {
       insert: db.prepare(
-        `INSERT INTO commands (id, device_id, user_id, command, priority, created_at, expires_at, state, state_at)
-         VALUES (@id, @deviceId, @userId, @command, @priority, @createdAt, @expiresAt, 'queued', @createdAt)`,
+        `INSERT INTO commands (id, device_id, user_id, command, priority, created_at, expires_at, state, state_at, sent_at)
+         VALUES (@id, @deviceId, @userId, @command, @priority, @createdAt, @expiresAt,
+                 CASE WHEN @sentAt IS NULL THEN 'queued' ELSE 'sent' END, @createdAt, @sentAt)`,
       ),
       byId: db.prepare<[string], Row>('SELECT * FROM commands WHERE id = ?'),
       openCount: db
@@ -167,8 +168,9 @@ export class CommandStore {
     };
   }
 
-  add(c: NewBridgeCommand): void {
-    this.s.insert.run({ ...c });
+  /** Stores a new command: `queued`, or `sent` at `sentAt` when it is handed over right after the commit. */
+  add(c: NewBridgeCommand, sentAt?: number): void {
+    this.s.insert.run({ ...c, sentAt: sentAt ?? null });
   }
 
   get(id: string): StoredCommand | undefined {

@@ -8,6 +8,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Socket } from 'node:net';
+import type { Aedes, AedesPublishPacket } from 'aedes';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../../lib/log.js';
 import { safeUrl } from '../../lib/url.js';
@@ -44,16 +45,59 @@ interface LinkEvents {
   message: [UpMessage];
 }
 
-export class DeviceLink extends EventEmitter<LinkEvents> {
-  private client: MqttClient | undefined;
-  private isUp = false;
+/**
+ * What both kinds of link share: what they emit, their counters, and the check of every payload a device
+ * publishes (`protocol/`): one warning line and a counter for a bad one, never a crash.
+ */
+abstract class LinkBase extends EventEmitter<LinkEvents> {
   /** Dropped payloads: `invalid` failed validation, `foreign` came on a topic outside the contract. */
   readonly dropped = { invalid: 0, foreign: 0 };
   /** Valid payloads received, by topic name. */
   readonly received: Partial<Record<UpTopic, number>> = {};
 
-  constructor(private readonly opts: LinkOptions) {
+  constructor(protected readonly log: Logger) {
     super();
+  }
+
+  abstract get connected(): boolean;
+  abstract start(timeoutMs: number): Promise<void>;
+  /** Publishes at QoS 1; `false` when it cannot (what was to be sent is in the store, and goes at catch-up). */
+  abstract publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): boolean;
+  abstract close(): Promise<void>;
+
+  protected onMessage(topic: string, payload: Buffer): void {
+    const parsed = parseTopic(topic);
+    if (!parsed || !isUpTopic(parsed.name)) {
+      this.dropped.foreign++;
+      this.log.warn({ event: 'mqtt.drop', topic: topic.slice(0, 200), reason: 'not a device topic' });
+      return;
+    }
+    const decoded = decode(parsed.name, payload);
+    if (!decoded.ok) {
+      this.dropped.invalid++;
+      this.log.warn({
+        event: 'mqtt.drop',
+        deviceId: parsed.deviceId,
+        topic: parsed.name,
+        reason: decoded.reason,
+        bytes: payload.length,
+      });
+      return;
+    }
+    this.received[parsed.name] = (this.received[parsed.name] ?? 0) + 1;
+    this.emit('message', { deviceId: parsed.deviceId, name: parsed.name, payload: decoded.value } as UpMessage);
+  }
+}
+
+/** The bridge's link to its devices, through whichever broker. */
+export type Link = LinkBase;
+
+export class DeviceLink extends LinkBase {
+  private client: MqttClient | undefined;
+  private isUp = false;
+
+  constructor(private readonly opts: LinkOptions) {
+    super(opts.log);
   }
 
   get connected(): boolean {
@@ -135,27 +179,64 @@ export class DeviceLink extends EventEmitter<LinkEvents> {
     client.removeAllListeners();
     client.on('error', () => undefined);
   }
+}
 
-  private onMessage(topic: string, payload: Buffer): void {
-    const parsed = parseTopic(topic);
-    if (!parsed || !isUpTopic(parsed.name)) {
-      this.dropped.foreign++;
-      this.opts.log.warn({ event: 'mqtt.drop', topic: topic.slice(0, 200), reason: 'not a device topic' });
-      return;
-    }
-    const decoded = decode(parsed.name, payload);
-    if (!decoded.ok) {
-      this.dropped.invalid++;
-      this.opts.log.warn({
-        event: 'mqtt.drop',
-        deviceId: parsed.deviceId,
-        topic: parsed.name,
-        reason: decoded.reason,
-        bytes: payload.length,
-      });
-      return;
-    }
-    this.received[parsed.name] = (this.received[parsed.name] ?? 0) + 1;
-    this.emit('message', { deviceId: parsed.deviceId, name: parsed.name, payload: decoded.value } as UpMessage);
+/**
+ * The link to the embedded broker, inside the bridge's process: it subscribes and publishes through the broker's
+ * own interface, so that a message between the bridge and a device crosses one socket, not three. What devices may
+ * do is the broker's authorize hooks' business either way.
+ */
+export class EmbeddedLink extends LinkBase {
+  private isUp = false;
+  private readonly deliver = (packet: AedesPublishPacket, done: () => void): void => {
+    done();
+    const payload = typeof packet.payload === 'string' ? Buffer.from(packet.payload) : packet.payload;
+    this.onMessage(packet.topic, payload);
+  };
+
+  constructor(
+    private readonly aedes: Aedes,
+    log: Logger,
+  ) {
+    super(log);
+  }
+
+  get connected(): boolean {
+    return this.isUp && !this.aedes.closed;
+  }
+
+  async start(): Promise<void> {
+    await Promise.all(
+      ALL_DEVICES_UP_FILTERS.map((f) => new Promise<void>((resolve) => this.aedes.subscribe(f, this.deliver, resolve))),
+    );
+    this.isUp = true;
+    this.log.info({ event: 'mqtt.connected', url: 'embedded', sessionPresent: false });
+    this.emit('up');
+  }
+
+  publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): boolean {
+    if (!this.connected) return false;
+    const packet = {
+      cmd: 'publish' as const,
+      topic: topicFor(deviceId, name),
+      payload: encode(name, payload),
+      qos: 1 as const,
+      retain: false,
+      dup: false,
+    };
+    this.aedes.publish(packet, (err) => {
+      if (err) this.log.debug({ event: 'mqtt.publish_failed', topic: name, deviceId, err: err.message });
+    });
+    return true;
+  }
+
+  async close(): Promise<void> {
+    if (!this.isUp) return;
+    this.isUp = false;
+    await Promise.all(
+      ALL_DEVICES_UP_FILTERS.map(
+        (f) => new Promise<void>((resolve) => this.aedes.unsubscribe(f, this.deliver, resolve)),
+      ),
+    );
   }
 }

@@ -107,9 +107,15 @@ export class DeviceService {
       case 'up/heard':
         work = this.onHeard(msg.deviceId, msg.payload.heard);
         break;
-      case 'up/cmd':
-        work = this.touch(msg.deviceId).then(() => this.opts.commands?.onStatus(msg.deviceId, msg.payload));
+      case 'up/cmd': {
+        const commands = this.opts.commands;
+        const now = this.opts.now();
+        // One unit of work for the activity and the report: a busy device sends many.
+        work = commands
+          ? commands.onStatus(msg.deviceId, msg.payload, () => this.activity(msg.deviceId, now))
+          : this.touch(msg.deviceId);
         break;
+      }
     }
     return work.catch((err: unknown) => {
       this.counters.failed++;
@@ -125,7 +131,8 @@ export class DeviceService {
   /** Records that a device was heard from; `lastactivity` is written at most every `lastActivityMs`. */
   private activity(deviceId: string, now: number): void {
     const devices = this.opts.store.devices;
-    devices.touch(deviceId, now);
+    // A device's row is never removed, so once it is known here it need not be checked again.
+    if (!this.activityWritten.has(deviceId)) devices.touch(deviceId, now);
     const last = this.activityWritten.get(deviceId) ?? -Infinity;
     if (now - last < this.opts.lastActivityMs) return;
     this.activityWritten.set(deviceId, now);
