@@ -125,9 +125,12 @@ export class CommandRunner {
     this.counters.received++;
     const { queue, now } = this.o;
     const command = Buffer.from(msg.command64, 'base64');
-    const added = await this.o.commit.run(() =>
+    const adding = this.o.commit.run(() =>
       queue.add({ id: msg.cmd, command, priority: msg.priority, created: msg.created, expires: msg.expires }, now()),
     );
+    // A pass queued now shares the transaction that stores the command, and may take it in it.
+    this.pump();
+    const added = await adding;
     if (!added) {
       this.counters.duplicates++;
       const cur = queue.get(msg.cmd);
@@ -135,10 +138,9 @@ export class CommandRunner {
       return;
     }
     this.o.log.info({ event: 'cmd.queued', cmd: msg.cmd, priority: msg.priority, expires: msg.expires });
-    // Reported by the next pass: as `queued` if it still waits then, else as the state the pass gave it (a command
-    // taken at once needs no `queued` report of its own).
+    // Reported by the pass queued above (its report runs after this line) or by the one already under way: as
+    // `queued` if it still waits then, else in the state the pass gave it (taken at once, it needs no `queued`).
     this.unannounced.add(msg.cmd);
-    this.pump();
   }
 
   /** Removes finished commands whose last report reached the broker more than `keepMs` ago (1000 at a time). */
