@@ -87,6 +87,8 @@ mails land in var/bridge/outbox):
   curl -b jar ${url}/0/devices/${agent.identity.deviceId}/d/led        # acked >= time once the agent has it
   curl -b jar '${url}/0/devices/${agent.identity.deviceId}/d/led?latest=10'
   curl -b jar ${url}/0/devices/
+  curl -b jar -X POST ${url}/0/devices/${agent.identity.deviceId}/ -d command=ping    # a command: its uuid
+  curl -b jar ${url}/0/devices/${agent.identity.deviceId}/commands/                   # its state, output pong
 (Signed up before? Log in instead: curl -c jar -b jar -X POST ${url}/0/session/login -d login=you@example.com -d password=change-me-now)
 
 Try the agent, in another terminal:
@@ -94,6 +96,7 @@ Try the agent, in another terminal:
   npm run agent -- var list --socket ${rel(socket)}
   npm run agent -- var watch --socket ${rel(socket)}
   npm run agent -- status --socket ${rel(socket)}
+  npm run agent -- queue --socket ${rel(socket)}
 
 Watch the MQTT traffic (the embedded broker lets devices touch only their own topics, so this uses the
 bridge's credential, made anew at every start and kept in ${rel(credFile)}, mode 0600):
