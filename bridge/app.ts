@@ -17,6 +17,7 @@ import { CommandService } from './commands/service.js';
 import { registerDeviceRoutes } from './devices/routes.js';
 import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
+import { registerFirmwareRoutes } from './firmware/routes.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
 import type { Mailer } from './mail/mailer.js';
 import { OPENAPI_PATH, buildOpenApi } from './openapi.js';
@@ -264,6 +265,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   registerUserRoutes(app, ctx);
   registerDeviceRoutes(app, ctx);
   registerCommandRoutes(app, ctx);
+  registerFirmwareRoutes(app, ctx);
 
   // The API document describes routes, not a session: it is the same for every caller.
   const apiDocument = JSON.stringify(buildOpenApi(config));

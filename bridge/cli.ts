@@ -17,6 +17,7 @@ import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from '
 import { CommandService } from './commands/service.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
 import { DeviceService } from './devices/service.js';
+import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
 import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
@@ -29,11 +30,18 @@ Usage:
   devcloud-bridge frontend list [--json]
   devcloud-bridge frontend set ID [name=NAME] [default=true] [KEY=VALUE ...]
       KEY: nearby, registration, confirmationEmail, claimRequiresProximity (true or false)
+${FIRMWARE_USAGE}
 
 Options:
 ${formatOptions(BRIDGE_OPTIONS)}
-  --name NAME            name of a new frontend (frontend create)
-  --json                 print JSON (frontend commands)
+  --name NAME            name of a new frontend (frontend create) or image (firmware add)
+  --json                 print JSON (frontend and firmware commands)
+  --out DIR              where firmware keygen writes signing.key and signing.pub
+  --platform P           the image's platform (firmware add)
+  --version N            the image's version, an integer from 0 (firmware add)
+  --from P1,P2           the platforms a device may run to take the image (firmware add)
+  --to-platform P        the platform a device runs after the update (firmware add; default --platform)
+  --sign-key KEY         the Ed25519 private key (PKCS#8 PEM) that signs the image (firmware add)
   -h, --help             this help
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
@@ -150,10 +158,23 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   const rest: string[] = [];
   let json = false;
   let name: string | undefined;
+  // The firmware commands' flags, as `--flag VALUE` or `--flag=VALUE`.
+  const fwFlags: Partial<Record<FirmwareFlag, string>> = {};
+  const fwMissing: string[] = [];
   for (let i = 0; i < argv.length; i++) {
-    if (argv[i] === '--json') json = true;
-    else if (argv[i] === '--name') name = argv[++i];
-    else rest.push(argv[i]!);
+    const arg = argv[i]!;
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
+    const flag = eq > 0 ? arg.slice(0, eq) : arg;
+    if (arg === '--') {
+      rest.push(...argv.slice(i));
+      break;
+    } else if (arg === '--json') json = true;
+    else if (arg === '--name') name = argv[++i];
+    else if ((FIRMWARE_FLAGS as readonly string[]).includes(flag)) {
+      const value = eq > 0 ? arg.slice(eq + 1) : argv[++i];
+      if (value === undefined) fwMissing.push(flag);
+      else fwFlags[flag as FirmwareFlag] = value;
+    } else rest.push(arg);
   }
   const args = parseArgs(rest, BRIDGE_OPTIONS);
   if (args.help || args.positionals[0] === 'help') {
@@ -165,6 +186,9 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   let config: BridgeConfig | undefined;
   const problems = [...args.problems];
   if (argv.includes('--name') && name === undefined) problems.push('flag --name needs a value');
+  for (const flag of fwMissing) problems.push(`flag ${flag} needs a value`);
+  if (command !== 'firmware')
+    for (const flag of Object.keys(fwFlags)) problems.push(`flag ${flag} is for the firmware commands`);
   try {
     config = loadBridgeConfig(args.flags, env);
   } catch (err) {
@@ -185,6 +209,8 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       return runBridge(config, io);
     case 'frontend':
       return frontendCommand(config, params, json, name, io);
+    case 'firmware':
+      return firmwareCommand(config, params, { json, name, flags: fwFlags }, io);
     default:
       io.err(`devcloud-bridge: unknown command ${command}; run devcloud-bridge --help`);
       return 2;

@@ -27,6 +27,7 @@ import {
   variableForm,
 } from './devices/schemas.js';
 import { ERRORS, type ErrorCode } from './errors.js';
+import { FirmwareImageObject, FirmwareList } from './firmware/catalog.js';
 import { AppParam } from './frontends/schemas.js';
 import { COOKIE_NAME } from './sessions/cookie.js';
 import { sessionForms } from './sessions/schemas.js';
@@ -88,7 +89,7 @@ interface Route {
    */
   path: string;
   operationId: string;
-  tag: 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Meta';
+  tag: 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Firmware' | 'Meta';
   summary: string;
   description: string;
   /** required: the route needs a session; optional: the route uses one when there is one. */
@@ -311,6 +312,21 @@ function routes(config: BridgeConfig): Route[] {
     },
     ...deviceRoutes(config),
     ...commandRoutes(config),
+    {
+      method: 'get',
+      path: '/0/firmware/',
+      operationId: 'listFirmware',
+      tag: 'Firmware',
+      summary: 'The firmware catalog',
+      description:
+        'The images the operator added with `devcloud-bridge firmware add`, ordered by name, then version. ' +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The images; `[]` when there are none.', json: 'FirmwareList' },
+        401: NO_SESSION,
+      },
+    },
     {
       method: 'get',
       path: OPENAPI_PATH,
@@ -845,6 +861,7 @@ export function buildOpenApi(config: BridgeConfig): Json {
       { name: 'Devices', description: 'Claimed and nearby devices, their variables and history.' },
       { name: 'Commands', description: 'Commands to a device, and their states.' },
       { name: 'Network', description: 'The devices near the user.' },
+      { name: 'Firmware', description: 'The firmware catalog.' },
       { name: 'Meta', description: 'About the API.' },
     ],
     paths,
@@ -900,6 +917,8 @@ export function buildOpenApi(config: BridgeConfig): Json {
             ClaimResponse,
             Command: CommandObject,
             CommandList,
+            FirmwareImage: FirmwareImageObject,
+            FirmwareList,
           },
           'output',
         ),

@@ -4,6 +4,7 @@ import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib
 import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
+import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
 import {
   type BridgeStore,
   type Frontend,
@@ -70,6 +71,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   },
   DEVICE_MIGRATION,
   COMMAND_MIGRATION,
+  FIRMWARE_MIGRATION,
 ];
 
 interface FrontendRow {
@@ -146,6 +148,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly commit: GroupCommitter;
   readonly devices: DeviceStore;
   readonly commands: CommandStore;
+  readonly firmware: FirmwareStore;
   private readonly s;
   private frontendById = new Map<string, Frontend>();
   private defaultFrontendId: string | undefined;
@@ -160,6 +163,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     const db = this.db;
     this.devices = new DeviceStore(db);
     this.commands = new CommandStore(db);
+    this.firmware = new FirmwareStore(db, dataDir);
     this.s = {
       insFrontend: db.prepare(
         'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',

@@ -6,6 +6,7 @@
 import { z } from 'zod';
 import type { CommandStore } from '../commands/store.js';
 import type { DeviceStore } from '../devices/store.js';
+import type { FirmwareStore } from '../firmware/catalog.js';
 
 /** Decision 16: a frontend's product configuration. */
 export const ProductConfig = z
@@ -86,6 +87,8 @@ export interface BridgeStore {
   readonly devices: DeviceStore;
   /** Commands sent to devices, with their states. */
   readonly commands: CommandStore;
+  /** The firmware catalog: images added with `devcloud-bridge firmware add`. */
+  readonly firmware: FirmwareStore;
 
   /** Runs writes in a transaction that is on disk when the promise resolves. */
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;

@@ -455,6 +455,15 @@ describe('the document', () => {
     expect(check('CommandList', [command, { ...command, state: 'done', exitCode: 0, output: 'pong' }])).toBe(true);
     expect(check('Command', { ...command, state: 'delivered' })).toBe(false);
     expect(check('Command', { ...command, finished: undefined })).toBe(false);
+    const image = {
+      name: 'a/b',
+      platform: 'p',
+      version: 1,
+      info: { platforms: { from: ['p'], to: { platform: 'p', name: 'a/b' } } },
+    };
+    expect(check('FirmwareList', [image])).toBe(true);
+    expect(check('FirmwareImage', { ...image, sha256: '0'.repeat(64) })).toBe(false);
+    expect(check('FirmwareImage', { ...image, version: -1 })).toBe(false);
   });
 });
 
@@ -1230,6 +1239,38 @@ describe('every device and network route answers what the document lists', () =>
         },
       },
       { name: 'no session', status: 401, token: 'no-session', run: get('/0/network/') },
+    ]);
+  });
+});
+
+describe('the firmware route answers what the document lists', () => {
+  it('GET /0/firmware/', async () => {
+    const user = await newUser();
+    // A record as `devcloud-bridge firmware add` writes it; the listing does not read the image file.
+    main.store.firmware.add({
+      name: 'acme/sensor/3',
+      platform: 'linux-x64',
+      version: 3,
+      from: ['linux-x64', 'linux-arm64'],
+      toPlatform: 'linux-x64',
+      size: 1,
+      sha256: '0'.repeat(64),
+      signature: 'AA==',
+      addedAt: 1,
+    });
+    const get = (sid?: string) => () =>
+      call(main.app, { method: 'GET', url: '/0/firmware/', ...(sid ? { cookie: sid } : {}) });
+    await driveRoute('GET', '/0/firmware/', [
+      {
+        name: 'the catalog',
+        status: 200,
+        run: async () => {
+          const r = await get(user.sid)();
+          expect(JSON.parse(r.body)).toMatchObject([{ name: 'acme/sensor/3', version: 3 }]);
+          return r;
+        },
+      },
+      { name: 'no session', status: 401, token: 'no-session', run: get() },
     ]);
   });
 });
