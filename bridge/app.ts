@@ -38,6 +38,8 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** The body token this route answers for missing or malformed input (decision 4). */
     failToken?: ErrorCode;
+    /** A route devices call (the firmware image): no frontend, no session. */
+    device?: boolean;
   }
 }
 
@@ -212,6 +214,10 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   app.decorateRequest('user', undefined);
 
   app.addHook('preHandler', (req, _reply, done) => {
+    if (req.routeOptions.config?.device) {
+      done();
+      return;
+    }
     const resolved = resolveFrontend(req, deps.store, config.frontends.allowDefault);
     if (!resolved) {
       done(new ApiError('not-found'));

@@ -107,6 +107,15 @@ export const BridgeConfigSchema = z
         path: ['defaultLifetimeMs'],
       })
       .prefault({}),
+    firmware: z
+      .object({
+        /** How long a job's image token stays valid, hours. */
+        tokenHours: z.number().min(0.01).max(720).default(24),
+        /** The base URL devices download images from; default `http.publicUrl`, else the URL the request came to. */
+        baseUrl: z.string().url().optional(),
+      })
+      .strict()
+      .prefault({}),
     frontends: z
       .object({
         /** Decision 15: requests that name no frontend go to the default one; production may switch it off. */

@@ -25,6 +25,15 @@ export const ERRORS = {
   /** The specification: a device or variable that could not be found, set or deleted; malformed input (decision 4). */
   'device-fail': { status: 400, body: 'device-fail' },
   'claim-fail': { status: 400, body: 'claim-fail' },
+  /** The specification: no firmware image of that name (also a name that cannot be one). */
+  'device-fwup-name-fail': { status: 400, body: 'device-fwup-name-fail' },
+  /** DESIGN section 7: the device is not connected in `d` mode and `meta` state, its platform is not in the
+   * image's `from`, or an update is already running. */
+  'device-fwup-start-fail': { status: 400, body: 'device-fwup-start-fail' },
+  /** Nothing to cancel, or the update is past the switch (decision 7). */
+  'firmware-fail': { status: 400, body: 'firmware-fail' },
+  /** An image download without a valid job token. */
+  'fw-token-fail': { status: 401, body: 'unauthorized' },
   'too-many-requests': { status: 429, body: 'too-many-requests' },
   /** The password hashing queue is full: try again shortly. */
   busy: { status: 503, body: 'busy' },

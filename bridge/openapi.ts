@@ -77,6 +77,8 @@ interface Outcome {
   /** A JSON body: the name of a component schema. */
   json?: string;
   html?: boolean;
+  /** Bytes (`application/octet-stream`). */
+  binary?: boolean;
   setsCookie?: boolean;
   retryAfter?: boolean;
 }
@@ -327,6 +329,7 @@ function routes(config: BridgeConfig): Route[] {
         401: NO_SESSION,
       },
     },
+    ...firmwareJobRoutes(),
     {
       method: 'get',
       path: OPENAPI_PATH,
@@ -340,6 +343,79 @@ function routes(config: BridgeConfig): Route[] {
 }
 
 const NO_SESSION: Outcome = { description: 'No logged-in session (decision 3).', tokens: [token('no-session')] };
+
+/** Starting and cancelling a firmware update (DESIGN section 7), and the image a device downloads. */
+function firmwareJobRoutes(): Route[] {
+  const who = 'For the owner of the device, or a user it heard nearby while it has no owner.';
+  const start = (prefix: string, operationId: string, alias: boolean): Route => ({
+    method: 'post',
+    path: `/0/devices/{id}/${prefix}/{image}`,
+    operationId,
+    tag: 'Firmware',
+    summary: alias ? "Start a firmware update (the official client's spelling)" : 'Start a firmware update',
+    description:
+      '`{image}` is the image name as in `GET /0/firmware/`, slashes included. The device must be `connected` in ' +
+      "`d` `mode` and in `meta` `state`, its `meta` `platform` must be in the image's `info.platforms.from`, and " +
+      'no update of it may be running. The job goes to the device on `down/fw`; its progress shows as `meta` ' +
+      `\`fwstate\`, \`fwprogress\`, \`fwname\`, \`fwerror\`. ${who}`,
+    session: 'required',
+    responses: {
+      200: { description: 'The update started.', tokens: ['device-ok'] },
+      400: {
+        description:
+          '`device-fwup-name-fail`: no image of that name. `device-fwup-start-fail`: the device is not connected ' +
+          'in mode and state, its platform is not one the image updates from, an update is running, or the job ' +
+          'could not be handed to the broker. `device-fail`: no device the user may see.',
+        tokens: [token('device-fwup-name-fail'), token('device-fwup-start-fail'), token('device-fail')],
+      },
+      401: NO_SESSION,
+    },
+  });
+  const cancel = (prefix: string, operationId: string, alias: boolean): Route => ({
+    method: 'delete',
+    path: `/0/devices/{id}/${prefix}`,
+    operationId,
+    tag: 'Firmware',
+    summary: alias ? "Cancel a firmware update (the official client's spelling)" : 'Cancel a firmware update',
+    description:
+      'Cancels the running update before the switch of the active slot (decision 7): `firmware-ok`, and a cancel ' +
+      `on \`down/fw\`; the device reports \`fwstate\` \`cancelled\`. ${who}`,
+    session: 'required',
+    responses: {
+      200: { description: 'The cancel went to the device.', tokens: ['firmware-ok'] },
+      400: {
+        description:
+          'No update is running, it is past the switch (`fwstate` `switching`, `restarting`, `committing`, ' +
+          '`rollingback`), the device is not one the user may see, or the cancel could not be handed over.',
+        tokens: [token('firmware-fail')],
+      },
+      401: NO_SESSION,
+    },
+  });
+  return [
+    start('fw', 'startFirmwareUpdate', false),
+    start('firmware', 'startFirmwareUpdateAlias', true),
+    cancel('fw', 'cancelFirmwareUpdate', false),
+    cancel('firmware', 'cancelFirmwareUpdateAlias', true),
+    {
+      method: 'get',
+      path: '/0/firmware/jobs/{job}/image',
+      operationId: 'downloadFirmwareImage',
+      tag: 'Firmware',
+      summary: "A job's image, for its device",
+      description:
+        'What the device downloads, with `Authorization: Bearer <token>` from its `down/fw` job; the token is valid ' +
+        'until the job ends or `firmware.tokenHours` pass. One HTTP range (`Range: bytes=N-` or `bytes=N-M`) is ' +
+        'answered 206 with `Content-Range`, so a download resumes where it stopped. No frontend, no session.',
+      responses: {
+        200: { description: 'The whole image.', binary: true },
+        206: { description: 'The range asked for.', binary: true },
+        401: { description: 'No valid token for an open job.', tokens: [token('fw-token-fail')] },
+        416: { description: 'A range that is not one range within the image (`Content-Range: bytes */size`).' },
+      },
+    },
+  ];
+}
 
 /** A device route's `GET` answer for a device the user may not see, which is the answer for no device at all. */
 const DEVICE_NOT_FOUND: Outcome = {
@@ -706,6 +782,11 @@ function pathParameters(path: string): Json[] {
       description: 'The command uuid, as `POST /0/devices/{id}/` answered it; case-insensitive.',
       schema: { type: 'string', format: 'uuid' },
     },
+    image: {
+      description: 'The image name, as in `GET /0/firmware/`; it holds slashes, which are part of the path.',
+      schema: { type: 'string', maxLength: 256 },
+    },
+    job: { description: 'The job uuid, from the `down/fw` start message.', schema: { type: 'string', format: 'uuid' } },
   };
   return [...path.matchAll(/\{(\w+)\}/g)].map(([, name]) => ({
     name,
@@ -739,6 +820,8 @@ function response(o: Outcome): Json {
   if (o.text) content['text/plain'] = { schema: o.text };
   if (o.json) content['application/json'] = { schema: { $ref: `#/components/schemas/${o.json}` } };
   if (o.html) content['text/html'] = { schema: { type: 'string' } };
+  if (o.binary)
+    content['application/octet-stream'] = { schema: { type: 'string', contentMediaType: 'application/octet-stream' } };
   const headers: Json = {};
   if (o.setsCookie) headers['Set-Cookie'] = { $ref: '#/components/headers/SetSessionCookie' };
   if (o.retryAfter) headers['Retry-After'] = { $ref: '#/components/headers/RetryAfter' };

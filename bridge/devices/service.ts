@@ -82,6 +82,9 @@ export class DeviceService {
     this.send = send;
   }
 
+  /** Publishes to a device (firmware jobs); `false` when the link is down. */
+  sendDown: SendDown = (deviceId, name, payload) => this.send(deviceId, name, payload);
+
   // ---- messages from devices ----
 
   /** Handles one validated message; never throws (a failure is logged and counted). */
@@ -279,6 +282,12 @@ export class DeviceService {
         if (RESERVED_META.has(name)) continue;
         devices.setMeta(deviceId, name, value, now, 'device');
       }
+      // A final firmware state ends the device's open job (DESIGN section 7).
+      const fwstate = meta.fwstate;
+      if (fwstate !== undefined && FW_FINAL_STATES.has(fwstate)) {
+        const job = this.opts.store.fwJobs.openOf(deviceId);
+        if (job) this.opts.store.fwJobs.end(job.id, fwstate, now);
+      }
     });
   }
 
@@ -382,6 +391,11 @@ export class DeviceService {
     this.activityWritten.delete(deviceId);
   }
 }
+
+/** The `fwstate` values that end an update (DESIGN section 7). */
+export const FW_FINAL_STATES: ReadonlySet<string> = new Set(['done', 'failed', 'rolledback', 'cancelled']);
+/** The `fwstate` values after the switch of the active slot: an update there can no longer be cancelled. */
+export const FW_AFTER_SWITCH: ReadonlySet<string> = new Set(['switching', 'restarting', 'committing', 'rollingback']);
 
 /** Decision 22: the firmware meta variables of a device that has not updated its firmware yet. */
 const FW_META_DEFAULTS: ReadonlyArray<readonly [string, string]> = [

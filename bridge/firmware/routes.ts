@@ -1,19 +1,158 @@
 /**
- * The Firmware section of the specification: `GET /0/firmware/`, the catalog as a JSON array of firmware image
- * objects, ordered by name, then version. Any logged-in user may list it; the sha256 and signature of each
- * image go to devices with their jobs, not here.
+ * The Firmware section of the specification and DESIGN section 7, on the bridge:
+ *
+ * - `GET /0/firmware/`: the catalog as a JSON array of firmware image objects, ordered by name, then version. Any
+ *   logged-in user may list it; the sha256 and signature of each image go to devices with their jobs, not here.
+ * - `POST /0/devices/<id>/fw/<name>` (and the official client's `/firmware/<name>`): starts an update. The name
+ *   must be in the catalog (`device-fwup-name-fail`); the device must be `connected` in `d` `mode` and in `meta`
+ *   `state`, its platform in the image's `from`, and no update of it running (`device-fwup-start-fail`). The job
+ *   goes to the device on `down/fw` with a token for the image, valid `firmware.tokenHours`.
+ * - `DELETE /0/devices/<id>/fw` (and `/firmware`): cancels an update before the switch of the active slot,
+ *   200 `firmware-ok` (decision 7); after it, or with nothing running, 400 `firmware-fail`.
+ * - `GET /0/firmware/jobs/<job>/image`: the image, for the device of the job, with `Authorization: Bearer <token>`
+ *   and HTTP Range requests (a download resumes where it stopped). Not a user route: no frontend, no session.
+ *
+ * Who may start and cancel: whoever may change the device's variables (devices/access.ts).
  */
-import type { FastifyInstance } from 'fastify';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { RouteContext } from '../app.js';
+import { send } from '../app.js';
 import { deviceAccess, sendJson } from '../devices/access.js';
-import { firmwareJson } from './catalog.js';
+import { FW_AFTER_SWITCH, FW_FINAL_STATES } from '../devices/service.js';
+import { ApiError } from '../errors.js';
+import { FirmwareName, firmwareJson } from './catalog.js';
+
+const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+/** The current value of a device's variable, as text. */
+const metaValue = (ctx: RouteContext, deviceId: string, type: 'd' | 'meta', name: string): string | undefined =>
+  ctx.store.devices.getVar(deviceId, type, name)?.value?.toString('utf8');
+
+/** `bytes=N-` or `bytes=N-M`, one range; `undefined` when absent, `null` when unusable. */
+function parseRange(header: string | undefined, size: number): { start: number; end: number } | null | undefined {
+  if (header === undefined) return undefined;
+  const m = /^bytes=(\d{1,15})-(\d{0,15})$/.exec(header.trim());
+  if (!m) return null;
+  const start = Number(m[1]);
+  const end = m[2] === '' ? size - 1 : Math.min(Number(m[2]), size - 1);
+  if (start >= size || end < start) return null;
+  return { start, end };
+}
 
 export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext): void {
-  const { userOf } = deviceAccess(ctx);
-  const catalog = ctx.store.firmware;
+  const { userOf, visible } = deviceAccess(ctx);
+  const { store, config, now, log } = ctx;
+  const catalog = store.firmware;
+  const jobs = store.fwJobs;
 
   app.get('/0/firmware', async (req, reply) => {
     userOf(req);
     return sendJson(reply, JSON.stringify(catalog.list().map(firmwareJson)));
+  });
+
+  async function start(req: FastifyRequest) {
+    const user = userOf(req);
+    const seen = visible(req, user);
+    if (!seen) throw new ApiError('device-fail');
+    const raw = (req.params as { '*'?: string })['*'] ?? '';
+    const name = FirmwareName.safeParse(raw);
+    const image = name.success ? catalog.byName(name.data) : undefined;
+    if (!image) throw new ApiError('device-fwup-name-fail');
+    const id = seen.device.id;
+    const t = now();
+    const token = randomBytes(32).toString('base64url');
+    const jobId = randomUUID();
+    const outcome = await store.write(() => {
+      if (metaValue(ctx, id, 'd', 'mode') !== 'connected') return 'not-connected-mode' as const;
+      if (metaValue(ctx, id, 'meta', 'state') !== 'connected') return 'not-connected' as const;
+      const platform = metaValue(ctx, id, 'meta', 'platform');
+      if (platform === undefined || !image.from.includes(platform)) return 'platform' as const;
+      const open = jobs.openOf(id);
+      const fwstate = metaValue(ctx, id, 'meta', 'fwstate') ?? 'idle';
+      const running = fwstate !== 'idle' && !FW_FINAL_STATES.has(fwstate);
+      if (open) {
+        // A job whose token has expired while the device reports nothing running is over.
+        if (open.tokenExpires > t || running) return 'running' as const;
+        jobs.end(open.id, 'abandoned', t);
+      } else if (running) return 'running' as const;
+      jobs.add({
+        id: jobId,
+        deviceId: id,
+        name: image.name,
+        sha256: image.sha256,
+        size: image.size,
+        token,
+        tokenExpires: t + config.firmware.tokenHours * 3_600_000,
+        createdAt: t,
+      });
+      return 'started' as const;
+    });
+    if (outcome !== 'started') {
+      log.info({ event: 'fw.start_refused', deviceId: id, name: image.name, reason: outcome });
+      throw new ApiError('device-fwup-start-fail');
+    }
+    const base = config.firmware.baseUrl ?? config.http.publicUrl ?? `${req.protocol}://${req.headers.host ?? ''}`;
+    const sent = ctx.devices.sendDown(id, 'down/fw', {
+      id: randomUUID(),
+      action: 'start',
+      job: jobId,
+      name: image.name,
+      version: image.version,
+      platform: image.toPlatform,
+      url: `${base.replace(/\/+$/, '')}/0/firmware/jobs/${jobId}/image`,
+      token,
+      size: image.size,
+      sha256: image.sha256,
+      signature: image.signature,
+    });
+    if (!sent) {
+      await store.write(() => jobs.end(jobId, 'undelivered', now()));
+      throw new ApiError('device-fwup-start-fail');
+    }
+    log.info({ event: 'fw.started', deviceId: id, job: jobId, name: image.name, version: image.version });
+  }
+
+  for (const prefix of ['fw', 'firmware']) {
+    app.post(`/0/devices/:id/${prefix}/*`, { config: { failToken: 'device-fwup-start-fail' } }, async (req, reply) => {
+      await start(req);
+      return send(reply, 200, 'device-ok');
+    });
+    app.delete(`/0/devices/:id/${prefix}`, { config: { failToken: 'firmware-fail' } }, async (req, reply) => {
+      const user = userOf(req);
+      const seen = visible(req, user);
+      if (!seen) throw new ApiError('firmware-fail');
+      const id = seen.device.id;
+      const job = jobs.openOf(id);
+      const fwstate = metaValue(ctx, id, 'meta', 'fwstate') ?? 'idle';
+      if (!job || FW_AFTER_SWITCH.has(fwstate)) throw new ApiError('firmware-fail');
+      if (!ctx.devices.sendDown(id, 'down/fw', { id: randomUUID(), action: 'cancel', job: job.id })) {
+        throw new ApiError('firmware-fail');
+      }
+      await store.write(() => jobs.markCancelled(job.id));
+      log.info({ event: 'fw.cancel_sent', deviceId: id, job: job.id });
+      return send(reply, 200, 'firmware-ok');
+    });
+  }
+
+  app.get('/0/firmware/jobs/:job/image', { config: { device: true } }, async (req, reply) => {
+    const jobId = ((req.params as { job?: string }).job ?? '').toLowerCase();
+    const auth = /^Bearer ([A-Za-z0-9_-]{1,128})$/.exec(req.headers.authorization ?? '');
+    const job = UUID_RE.test(jobId) && auth ? jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
+    if (!job) throw new ApiError('fw-token-fail');
+    const path = catalog.imagePath(job);
+    const range = parseRange(req.headers.range, job.size);
+    reply.header('accept-ranges', 'bytes').header('cache-control', 'no-store').type('application/octet-stream');
+    if (range === null) {
+      return reply.code(416).header('content-range', `bytes */${job.size}`).send();
+    }
+    if (range === undefined) {
+      return reply.code(200).header('content-length', job.size).send(createReadStream(path));
+    }
+    return reply
+      .code(206)
+      .header('content-range', `bytes ${range.start}-${range.end}/${job.size}`)
+      .header('content-length', range.end - range.start + 1)
+      .send(createReadStream(path, { start: range.start, end: range.end }));
   });
 }

@@ -5,6 +5,7 @@ import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
+import { FIRMWARE_JOB_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
 import {
   type BridgeStore,
   type Frontend,
@@ -72,6 +73,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   DEVICE_MIGRATION,
   COMMAND_MIGRATION,
   FIRMWARE_MIGRATION,
+  FIRMWARE_JOB_MIGRATION,
 ];
 
 interface FrontendRow {
@@ -149,6 +151,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   readonly devices: DeviceStore;
   readonly commands: CommandStore;
   readonly firmware: FirmwareStore;
+  readonly fwJobs: FirmwareJobStore;
   private readonly s;
   private frontendById = new Map<string, Frontend>();
   private defaultFrontendId: string | undefined;
@@ -164,6 +167,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     this.devices = new DeviceStore(db);
     this.commands = new CommandStore(db);
     this.firmware = new FirmwareStore(db, dataDir);
+    this.fwJobs = new FirmwareJobStore(db);
     this.s = {
       insFrontend: db.prepare(
         'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',

@@ -6,6 +6,7 @@
 import { z } from 'zod';
 import type { CommandStore } from '../commands/store.js';
 import type { DeviceStore } from '../devices/store.js';
+import type { FirmwareJobStore } from '../firmware/jobs.js';
 import type { FirmwareStore } from '../firmware/catalog.js';
 
 /** Decision 16: a frontend's product configuration. */
@@ -89,6 +90,8 @@ export interface BridgeStore {
   readonly commands: CommandStore;
   /** The firmware catalog: images added with `devcloud-bridge firmware add`. */
   readonly firmware: FirmwareStore;
+  /** Firmware update jobs, at most one open per device. */
+  readonly fwJobs: FirmwareJobStore;
 
   /** Runs writes in a transaction that is on disk when the promise resolves. */
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;

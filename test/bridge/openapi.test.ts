@@ -58,14 +58,22 @@ const NOT_PROVOKED = ['500', '503'];
  * parameters as `{name}` where the router has `:name`.
  */
 const routeKey = (method: string, path: string) =>
-  `${method.toUpperCase()} ${path.replace(/\{(\w+)\}/g, ':$1').replace(/(.)\/$/, '$1')}`;
+  `${method.toUpperCase()} ${path
+    // `{image}` (an image name, slashes included) is the router's wildcard.
+    .replace('{image}', '*')
+    .replace(/\{(\w+)\}/g, ':$1')
+    .replace(/(.)\/$/, '$1')}`;
 
 /**
  * A route key with its path parameters unnamed. Fastify's route tree names a parameter that two routes share by
  * both their names (`:type|:command`), so the tree tells which paths are served, not under which names; the
  * router itself tells the names (`findRoute`).
  */
-const routeShape = (key: string) => key.replace(/:[^/]+/g, ':');
+const routeShape = (key: string) =>
+  key
+    .replace(/:[^/]+/g, ':')
+    // The route tree prints a wildcard as a child of the segment before it, without the slash between them.
+    .replace(/([^/])\*$/, '$1/*');
 
 /** Every method and path the app serves, read from Fastify's own route tree. */
 function registeredRoutes(app: FastifyInstance): string[] {
@@ -344,7 +352,7 @@ describe('the document', () => {
     // Each documented path reaches the route it describes, under the parameter names it declares: the router
     // takes `:name` in a URL as a value, and answers with the names of the route it matched.
     for (const [path, ops] of Object.entries(doc.paths)) {
-      const names = [...path.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
+      const names = [...path.matchAll(/\{(\w+)\}/g)].map((m) => (m[1] === 'image' ? '*' : m[1]));
       for (const method of Object.keys(ops)) {
         const url = routeKey(method, path).split(' ')[1]!;
         const found = main.app.findRoute({ method: method.toUpperCase(), url });

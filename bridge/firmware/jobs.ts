@@ -1,0 +1,136 @@
+/**
+ * Firmware jobs on the bridge (DESIGN section 7): one per update started through
+ * `POST /0/devices/<id>/fw/<name>`, at most one open per device. A job carries the token its device downloads the
+ * image with (kept as a hash, valid until `tokenExpires`), and ends when the device reports a final `fwstate`.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { Db, Migration } from '../../lib/sqlite.js';
+
+export const FIRMWARE_JOB_MIGRATION: Migration = (db) => {
+  db.exec(`
+    CREATE TABLE fw_jobs (
+      id            TEXT    PRIMARY KEY,
+      device_id     TEXT    NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
+      name          TEXT    NOT NULL,
+      sha256        TEXT    NOT NULL,
+      size          INTEGER NOT NULL,
+      token_hash    TEXT    NOT NULL,
+      token_expires INTEGER NOT NULL,
+      open          INTEGER NOT NULL DEFAULT 1,
+      cancelled     INTEGER NOT NULL DEFAULT 0,
+      created_at    INTEGER NOT NULL,
+      ended_at      INTEGER,
+      outcome       TEXT
+    ) WITHOUT ROWID;
+    -- At most one open job per device.
+    CREATE UNIQUE INDEX fw_jobs_open ON fw_jobs (device_id) WHERE open = 1;
+  `);
+};
+
+export interface FirmwareJob {
+  id: string;
+  deviceId: string;
+  name: string;
+  sha256: string;
+  size: number;
+  tokenExpires: number;
+  open: boolean;
+  cancelled: boolean;
+  createdAt: number;
+  endedAt: number | null;
+  outcome: string | null;
+}
+
+interface Row {
+  id: string;
+  device_id: string;
+  name: string;
+  sha256: string;
+  size: number;
+  token_hash: string;
+  token_expires: number;
+  open: number;
+  cancelled: number;
+  created_at: number;
+  ended_at: number | null;
+  outcome: string | null;
+}
+
+const toJob = (r: Row): FirmwareJob => ({
+  id: r.id,
+  deviceId: r.device_id,
+  name: r.name,
+  sha256: r.sha256,
+  size: r.size,
+  tokenExpires: r.token_expires,
+  open: r.open === 1,
+  cancelled: r.cancelled === 1,
+  createdAt: r.created_at,
+  endedAt: r.ended_at,
+  outcome: r.outcome,
+});
+
+export function hashToken(token: string): string {
+  return createHash('sha256').update(token).digest('hex');
+}
+
+export interface NewJob {
+  id: string;
+  deviceId: string;
+  name: string;
+  sha256: string;
+  size: number;
+  token: string;
+  tokenExpires: number;
+  createdAt: number;
+}
+
+export class FirmwareJobStore {
+  private readonly s;
+
+  constructor(db: Db) {
+    this.s = {
+      byId: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE id = ?'),
+      openOf: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE device_id = ? AND open = 1'),
+      insert: db.prepare(
+        `INSERT INTO fw_jobs (id, device_id, name, sha256, size, token_hash, token_expires, created_at)
+         VALUES (@id, @deviceId, @name, @sha256, @size, @tokenHash, @tokenExpires, @createdAt)`,
+      ),
+      end: db.prepare('UPDATE fw_jobs SET open = 0, ended_at = ?, outcome = ? WHERE id = ? AND open = 1'),
+      cancel: db.prepare('UPDATE fw_jobs SET cancelled = 1 WHERE id = ? AND open = 1'),
+    };
+  }
+
+  get(id: string): FirmwareJob | undefined {
+    const r = this.s.byId.get(id);
+    return r && toJob(r);
+  }
+
+  /** The device's open job, if any. */
+  openOf(deviceId: string): FirmwareJob | undefined {
+    const r = this.s.openOf.get(deviceId);
+    return r && toJob(r);
+  }
+
+  add(j: NewJob): void {
+    this.s.insert.run({ ...j, tokenHash: hashToken(j.token) });
+  }
+
+  /** Ends a job with the device's final `fwstate` (or why the bridge gave up on it). */
+  end(id: string, outcome: string, now: number): boolean {
+    return this.s.end.run(now, outcome, id).changes > 0;
+  }
+
+  markCancelled(id: string): void {
+    this.s.cancel.run(id);
+  }
+
+  /** Whether `token` opens the image of job `id` at `now`. */
+  tokenValid(id: string, token: string, now: number): FirmwareJob | undefined {
+    const r = this.s.byId.get(id);
+    if (!r || r.open !== 1 || r.token_expires <= now) return undefined;
+    const a = Buffer.from(hashToken(token), 'hex');
+    const b = Buffer.from(r.token_hash, 'hex');
+    return a.length === b.length && timingSafeEqual(a, b) ? toJob(r) : undefined;
+  }
+}
