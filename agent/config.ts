@@ -17,6 +17,12 @@ const mqttUrl = z
     'must be a URL like mqtt://host:1883 or mqtts://host:8883',
   );
 
+/** A command line without a shell: an array, or (from a flag or the environment) words split on whitespace. */
+const commandLine = z.preprocess(
+  (v) => (typeof v === 'string' ? v.split(/\s+/).filter((w) => w.length > 0) : v),
+  z.array(z.string().min(1)).min(1, 'must name a command'),
+);
+
 export const AgentConfigSchema = z
   .object({
     /** Where the identity, the variable database and (by default) the socket live. */
@@ -131,6 +137,43 @@ export const AgentConfigSchema = z
       })
       .strict()
       .prefault({}),
+    firmware: z
+      .object({
+        /** Ed25519 public keys (PEM files); an image must verify with one of them. None: every job fails. */
+        publicKeys: z.array(z.string().min(1)).default([]),
+        /** Where the `slots` installer keeps images; the caller defaults it to `<stateDir>/slots`. */
+        slotsDir: z.string().min(1).optional(),
+        /** `slots`: A/B images switched by a link; `command`: `installCommand` is run with the image's path. */
+        installer: z.enum(['slots', 'command']).default('slots'),
+        installCommand: commandLine.optional(),
+        /** Decides commit or rollback after a switch: a command (exit 0) or a URL (2xx); neither: healthy. */
+        health: z
+          .object({
+            command: commandLine.optional(),
+            url: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' }).optional(),
+            /** One attempt may take this long; a command still running is killed. */
+            timeoutMs: z.number().int().min(10).max(3_600_000).default(30_000),
+            /** Attempts after the first one fails. */
+            retries: z.number().int().min(0).max(100).default(3),
+            intervalMs: z.number().int().min(0).max(3_600_000).default(5000),
+            /** A switched image not committed within this time is rolled back. */
+            commitTimeoutMs: z.number().int().min(1000).max(86_400_000).default(300_000),
+          })
+          .strict()
+          .refine((h) => h.command === undefined || h.url === undefined, {
+            path: ['url'],
+            message: 'set either command or url, not both',
+          })
+          .prefault({}),
+        /** Times one job is tried (download, verify, install) before it fails. */
+        maxAttempts: z.number().int().min(1).max(100).default(3),
+      })
+      .strict()
+      .refine((f) => f.installer !== 'command' || f.installCommand !== undefined, {
+        path: ['installCommand'],
+        message: 'is needed when installer is "command"',
+      })
+      .prefault({}),
   })
   .strict();
 
@@ -238,6 +281,30 @@ export const AGENT_OPTIONS: readonly OptionSpec[] = [
     kind: 'string',
     arg: 'DIR',
     help: 'folder of executable command handlers',
+  },
+  {
+    key: 'firmware.publicKeys',
+    flag: '--fw-public-key',
+    env: 'DEVCLOUD_FW_PUBLIC_KEYS',
+    kind: 'list',
+    arg: 'FILE',
+    help: 'firmware signing key (PEM); repeat, or separate with commas',
+  },
+  {
+    key: 'firmware.slotsDir',
+    flag: '--fw-slots',
+    env: 'DEVCLOUD_FW_SLOTS',
+    kind: 'string',
+    arg: 'DIR',
+    help: 'folder of the firmware slots (default <stateDir>/slots)',
+  },
+  {
+    key: 'firmware.health.command',
+    flag: '--fw-health-cmd',
+    env: 'DEVCLOUD_FW_HEALTH_CMD',
+    kind: 'string',
+    arg: 'CMD',
+    help: 'health check after a firmware switch; words split on spaces, no shell',
   },
 ];
 
