@@ -1,0 +1,340 @@
+/**
+ * The built-in A/B slot installer (DESIGN section 7). A slots directory holds two slot folders, `a` and `b`, and
+ * a symlink `current` naming the active one. An image is always unpacked into the inactive slot, so a failed or
+ * interrupted install never touches what is running; switching is one atomic rename of the `current` link.
+ *
+ *   D/a/        slot contents
+ *   D/b/        slot contents
+ *   D/current   -> a | b   (missing means `a`)
+ *   D/previous  -> a | b   (the slot that was active before the last switch; what a rollback returns to)
+ */
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdir, open, readFile, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
+import { isAbsolute, join, normalize, resolve, sep } from 'node:path';
+import { z } from 'zod';
+
+export type SlotName = 'a' | 'b';
+
+export type InstallErrorCode =
+  'bad-layout' | 'bad-archive' | 'unpack-failed' | 'bad-manifest' | 'script-failed' | 'script-timeout' | 'io';
+
+/** One error class with a stable code, so the firmware job can report `fwerror` without reading message text. */
+export class InstallError extends Error {
+  override name = 'InstallError';
+  constructor(
+    readonly code: InstallErrorCode,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export function isInstallError(err: unknown): err is InstallError {
+  return err instanceof InstallError;
+}
+
+/** A relative path that stays inside the folder it is resolved against. */
+function isContainedPath(p: string): boolean {
+  if (p === '' || isAbsolute(p)) return false;
+  return !p.split(/[\\/]+/).includes('..');
+}
+
+export const ImageManifest = z.object({
+  name: z.string().min(1),
+  version: z.union([z.string().min(1), z.number()]),
+  install: z
+    .string()
+    .min(1)
+    .refine(isContainedPath, { message: 'must be a relative path inside the image' })
+    .optional(),
+});
+export type ImageManifest = z.infer<typeof ImageManifest>;
+
+export interface InstallOptions {
+  /** How long the image's install script may run, in milliseconds, before it is killed. Default 5 minutes. */
+  scriptTimeoutMs?: number;
+  /** How long each `tar` run may take, in milliseconds. Default 10 minutes. */
+  tarTimeoutMs?: number;
+  /** Extra environment for the install script, on top of the agent's own. */
+  env?: Record<string, string>;
+}
+
+export interface InstallResult {
+  slot: SlotName;
+  manifest: ImageManifest;
+}
+
+const DEFAULT_SCRIPT_TIMEOUT_MS = 5 * 60_000;
+const DEFAULT_TAR_TIMEOUT_MS = 10 * 60_000;
+/** Only the tail of a failing process's output goes into the error; the job error must stay short. */
+const OUTPUT_TAIL = 2000;
+
+export function otherSlot(slot: SlotName): SlotName {
+  return slot === 'a' ? 'b' : 'a';
+}
+
+function isSlotName(s: string): s is SlotName {
+  return s === 'a' || s === 'b';
+}
+
+function errnoCode(err: unknown): string | undefined {
+  return err instanceof Error && 'code' in err ? String((err as NodeJS.ErrnoException).code) : undefined;
+}
+
+async function readSlotLink(dir: string, link: string): Promise<SlotName | undefined> {
+  let target: string;
+  try {
+    target = await readlink(join(dir, link));
+  } catch (err) {
+    if (errnoCode(err) === 'ENOENT') return undefined;
+    throw new InstallError('bad-layout', `cannot read ${join(dir, link)}: ${String(err)}`);
+  }
+  if (!isSlotName(target)) {
+    throw new InstallError('bad-layout', `${join(dir, link)} points at "${target}", expected "a" or "b"`);
+  }
+  return target;
+}
+
+/** The active slot: the target of `current`, or `a` when no switch has happened yet. */
+export async function activeSlot(dir: string): Promise<SlotName> {
+  return (await readSlotLink(dir, 'current')) ?? 'a';
+}
+
+export async function inactiveSlot(dir: string): Promise<SlotName> {
+  return otherSlot(await activeSlot(dir));
+}
+
+/** Creates the slots directory and both slot folders if they are missing; never removes anything. */
+export async function ensureSlots(dir: string): Promise<void> {
+  await mkdir(join(dir, 'a'), { recursive: true });
+  await mkdir(join(dir, 'b'), { recursive: true });
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  const fd = await open(dir, 'r');
+  try {
+    await fd.sync();
+  } finally {
+    await fd.close();
+  }
+}
+
+/** Replaces the symlink `dir/link` with one to `target` by a rename, so a reader sees the old or the new link. */
+async function replaceLink(dir: string, link: string, target: SlotName): Promise<void> {
+  const tmp = join(dir, `${link}.tmp-${randomBytes(6).toString('hex')}`);
+  await symlink(target, tmp);
+  try {
+    await rename(tmp, join(dir, link));
+  } catch (err) {
+    await unlink(tmp).catch(() => undefined);
+    throw err;
+  }
+  await fsyncDir(dir);
+}
+
+/**
+ * Makes `slot` the active slot. Remembers the slot it replaces, for `rollbackSlot`. Switching to the slot that
+ * is already active changes nothing but makes sure `current` exists.
+ */
+export async function switchSlot(dir: string, slot: SlotName): Promise<void> {
+  await ensureSlots(dir);
+  const active = await activeSlot(dir);
+  // `previous` is written first: a crash between the two renames leaves both naming the old slot, which is safe.
+  if (active !== slot) await replaceLink(dir, 'previous', active);
+  await replaceLink(dir, 'current', slot);
+}
+
+/**
+ * Points `current` back at the slot that was active before the last switch, and returns the slot now active.
+ * Repeating it changes nothing; with no switch recorded there is nothing to return to and the active slot stays.
+ */
+export async function rollbackSlot(dir: string): Promise<SlotName> {
+  await ensureSlots(dir);
+  const previous = await readSlotLink(dir, 'previous');
+  if (previous === undefined) return activeSlot(dir);
+  await replaceLink(dir, 'current', previous);
+  return previous;
+}
+
+interface RunResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  timedOut: boolean;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs a program without a shell, in its own process group, so a timeout kills everything it started (a script
+ * that forks `sleep` would otherwise keep the output pipes open after the script itself is gone).
+ */
+function run(
+  file: string,
+  args: string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs: number },
+): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, {
+      cwd: opts.cwd,
+      env: opts.env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
+    });
+    let stdout = '';
+    let stderr = '';
+    let timedOut = false;
+    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+    child.stderr.setEncoding('utf8').on('data', (s: string) => {
+      stderr = (stderr + s).slice(-OUTPUT_TAIL);
+    });
+    const timer = setTimeout(() => {
+      timedOut = true;
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        child.kill('SIGKILL');
+      }
+    }, opts.timeoutMs);
+    child.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+    child.once('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, timedOut, stdout, stderr });
+    });
+  });
+}
+
+function describeExit(r: RunResult): string {
+  const how = r.code !== null ? `exit status ${r.code}` : `signal ${r.signal ?? 'unknown'}`;
+  const err = r.stderr.trim();
+  return err === '' ? how : `${how}: ${err}`;
+}
+
+async function runTar(args: string[], timeoutMs: number, what: string): Promise<string> {
+  let r: RunResult;
+  try {
+    r = await run('tar', args, { timeoutMs, env: { ...process.env, LC_ALL: 'C' } });
+  } catch (err) {
+    throw new InstallError('unpack-failed', `cannot run tar to ${what}: ${String(err)}`);
+  }
+  if (r.timedOut)
+    throw new InstallError('unpack-failed', `tar timed out after ${timeoutMs} ms while trying to ${what}`);
+  if (r.code !== 0) throw new InstallError('unpack-failed', `tar failed to ${what} (${describeExit(r)})`);
+  return r.stdout;
+}
+
+/**
+ * Refuses an archive before anything is written if a member could land outside the slot: an absolute name, a
+ * `..` segment, or a link whose target is absolute or climbs out with `..`.
+ */
+async function checkMembers(imagePath: string, timeoutMs: number): Promise<void> {
+  const names = (await runTar(['-tzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
+  for (const name of names) {
+    if (!isContainedPath(name.replace(/\/+$/, '') || '.')) {
+      throw new InstallError('bad-archive', `the image has a member outside its root: "${name}"`);
+    }
+  }
+  const verbose = (await runTar(['-tvzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
+  for (const line of verbose) {
+    const type = line[0];
+    if (type !== 'l' && type !== 'h') continue;
+    const arrow = type === 'l' ? ' -> ' : ' link to ';
+    const at = line.lastIndexOf(arrow);
+    const target = at < 0 ? '' : line.slice(at + arrow.length);
+    if (!isContainedPath(target)) {
+      throw new InstallError('bad-archive', `the image has a link that leaves its root: ${line}`);
+    }
+  }
+}
+
+async function readManifest(slotDir: string): Promise<ImageManifest> {
+  let text: string;
+  try {
+    text = await readFile(join(slotDir, 'manifest.json'), 'utf8');
+  } catch (err) {
+    if (errnoCode(err) === 'ENOENT') throw new InstallError('bad-manifest', 'the image has no manifest.json');
+    throw new InstallError('bad-manifest', `cannot read the image's manifest.json: ${String(err)}`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (err) {
+    throw new InstallError('bad-manifest', `the image's manifest.json is not valid JSON: ${(err as Error).message}`);
+  }
+  const parsed = ImageManifest.safeParse(json);
+  if (!parsed.success) {
+    const issues = parsed.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ');
+    throw new InstallError('bad-manifest', `the image's manifest.json is invalid: ${issues}`);
+  }
+  return parsed.data;
+}
+
+async function runInstallScript(
+  slotDir: string,
+  script: string,
+  opts: { timeoutMs: number; env: Record<string, string> },
+): Promise<void> {
+  const path = join(slotDir, normalize(script));
+  if (!path.startsWith(slotDir + sep)) {
+    throw new InstallError('bad-manifest', `the install script "${script}" is outside the image`);
+  }
+  try {
+    if (!(await stat(path)).isFile()) throw new Error('not a file');
+  } catch {
+    throw new InstallError('bad-manifest', `the install script "${script}" named by manifest.json is not in the image`);
+  }
+  let r: RunResult;
+  try {
+    r = await run(path, [], {
+      cwd: slotDir,
+      env: { ...process.env, ...opts.env, DEVCLOUD_SLOT: slotDir },
+      timeoutMs: opts.timeoutMs,
+    });
+  } catch (err) {
+    throw new InstallError('script-failed', `cannot start the install script "${script}": ${String(err)}`);
+  }
+  if (r.timedOut) {
+    throw new InstallError(
+      'script-timeout',
+      `the install script "${script}" ran longer than ${opts.timeoutMs} ms and was killed`,
+    );
+  }
+  if (r.code !== 0)
+    throw new InstallError('script-failed', `the install script "${script}" failed (${describeExit(r)})`);
+}
+
+/**
+ * Installs the image (a tar.gz with `manifest.json` at its root) into the inactive slot and returns that slot and
+ * the manifest. The active slot is never touched; the caller switches to the new slot when it decides to.
+ */
+export async function installImage(dir: string, imagePath: string, opts: InstallOptions = {}): Promise<InstallResult> {
+  const tarTimeoutMs = opts.tarTimeoutMs ?? DEFAULT_TAR_TIMEOUT_MS;
+  // Absolute, because the install script gets it in DEVCLOUD_SLOT and runs with the slot as its cwd.
+  dir = resolve(dir);
+  await ensureSlots(dir);
+  const slot = await inactiveSlot(dir);
+  const slotDir = join(dir, slot);
+  await checkMembers(imagePath, tarTimeoutMs);
+  try {
+    await rm(slotDir, { recursive: true, force: true });
+    await mkdir(slotDir);
+  } catch (err) {
+    throw new InstallError('io', `cannot empty slot ${slot} at ${slotDir}: ${String(err)}`);
+  }
+  await runTar(
+    ['-xzf', imagePath, '-C', slotDir, '--no-same-owner'],
+    tarTimeoutMs,
+    `unpack the image into slot ${slot}`,
+  );
+  const manifest = await readManifest(slotDir);
+  if (manifest.install !== undefined) {
+    await runInstallScript(slotDir, manifest.install, {
+      timeoutMs: opts.scriptTimeoutMs ?? DEFAULT_SCRIPT_TIMEOUT_MS,
+      env: opts.env ?? {},
+    });
+  }
+  return { slot, manifest };
+}

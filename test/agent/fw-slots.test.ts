@@ -1,0 +1,248 @@
+/**
+ * The A/B slot installer (DESIGN section 7) against real files and the system's `tar`: installs land only in the
+ * inactive slot, unsafe archives are refused before anything is written, the install script runs with its slot,
+ * and switching or rolling back is one atomic rename of the `current` link.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  InstallError,
+  activeSlot,
+  ensureSlots,
+  inactiveSlot,
+  installImage,
+  rollbackSlot,
+  switchSlot,
+} from '../../agent/fw/slots.js';
+import { tempDir } from '../support/agent.js';
+
+const root = tempDir('devcloud-fw-slots-');
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+let counter = 0;
+function fresh(name: string): string {
+  const dir = join(root, `${name}-${++counter}`);
+  mkdirSync(dir, { recursive: true });
+  return dir;
+}
+
+type Files = Record<string, string | { content: string; mode: number }>;
+
+/** Writes `files` into a fresh folder and packs it with the system tar; `extra` are raw tar arguments. */
+function makeImage(files: Files, extra: string[] = []): string {
+  const src = fresh('src');
+  for (const [name, f] of Object.entries(files)) {
+    const path = join(src, name);
+    mkdirSync(dirname(path), { recursive: true });
+    if (typeof f === 'string') writeFileSync(path, f);
+    else writeFileSync(path, f.content, { mode: f.mode });
+  }
+  const image = join(fresh('img'), 'image.tar.gz');
+  execFileSync('tar', ['-czf', image, '-C', src, ...extra, ...Object.keys(files)]);
+  return image;
+}
+
+function manifest(m: Record<string, unknown>): string {
+  return JSON.stringify(m);
+}
+
+const script = (body: string) => ({ content: `#!/bin/sh\n${body}\n`, mode: 0o755 });
+
+async function installError(p: Promise<unknown>): Promise<InstallError> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(InstallError);
+  return err as InstallError;
+}
+
+/** A killed process whose parent is gone stays a zombie until init reaps it; that counts as dead here. */
+function processAlive(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+async function until(cond: () => boolean, ms: number): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error('condition not met before the deadline');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+describe('slot layout', () => {
+  it('treats a missing current link as slot a and creates both slot folders', async () => {
+    const d = fresh('slots');
+    expect(await activeSlot(d)).toBe('a');
+    expect(await inactiveSlot(d)).toBe('b');
+    await ensureSlots(d);
+    expect(readdirSync(d).sort()).toEqual(['a', 'b']);
+  });
+});
+
+describe('installImage', () => {
+  it('installs into the inactive slot and leaves the active one untouched', async () => {
+    const d = fresh('slots');
+    await ensureSlots(d);
+    writeFileSync(join(d, 'a', 'running.txt'), 'live');
+    const image = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 2 }), 'bin/app': 'v2' });
+    const result = await installImage(d, image);
+    expect(result).toEqual({ slot: 'b', manifest: { name: 'gw', version: 2 } });
+    expect(readFileSync(join(d, 'b', 'bin/app'), 'utf8')).toBe('v2');
+    expect(readdirSync(join(d, 'a'))).toEqual(['running.txt']);
+    expect(await activeSlot(d)).toBe('a');
+
+    // After a switch the next install goes to the other slot, and the new active one stays as it is.
+    await switchSlot(d, 'b');
+    const again = await installImage(d, makeImage({ 'manifest.json': manifest({ name: 'gw', version: 3 }) }));
+    expect(again.slot).toBe('a');
+    expect(readFileSync(join(d, 'b', 'bin/app'), 'utf8')).toBe('v2');
+    expect(existsSync(join(d, 'a', 'running.txt'))).toBe(false);
+  });
+
+  it('replaces the inactive slot completely when installing twice in a row', async () => {
+    const d = fresh('slots');
+    await installImage(d, makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), 'stale.txt': 'old' }));
+    expect(existsSync(join(d, 'b', 'stale.txt'))).toBe(true);
+    await installImage(d, makeImage({ 'manifest.json': manifest({ name: 'gw', version: 2 }), 'fresh.txt': 'new' }));
+    expect(readdirSync(join(d, 'b')).sort()).toEqual(['fresh.txt', 'manifest.json']);
+  });
+
+  it('rejects an image without manifest.json', async () => {
+    const d = fresh('slots');
+    const err = await installError(installImage(d, makeImage({ 'app.bin': 'x' })));
+    expect(err.code).toBe('bad-manifest');
+    expect(err.message).toMatch(/no manifest\.json/);
+  });
+
+  it('rejects a manifest that is not JSON or misses its fields', async () => {
+    const d = fresh('slots');
+    const notJson = await installError(installImage(d, makeImage({ 'manifest.json': '{nope' })));
+    expect(notJson.code).toBe('bad-manifest');
+    expect(notJson.message).toMatch(/not valid JSON/);
+
+    const noName = await installError(installImage(d, makeImage({ 'manifest.json': manifest({ version: 1 }) })));
+    expect(noName.code).toBe('bad-manifest');
+    expect(noName.message).toMatch(/name/);
+
+    const escaping = await installError(
+      installImage(d, makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1, install: '../x.sh' }) })),
+    );
+    expect(escaping.code).toBe('bad-manifest');
+    expect(escaping.message).toMatch(/install/);
+  });
+
+  it('refuses an archive with a ../ member and writes nothing', async () => {
+    const d = fresh('slots');
+    await ensureSlots(d);
+    const image = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), evil: 'pwned' }, [
+      '-P',
+      '--transform=s,^evil,../evil,',
+    ]);
+    expect(execFileSync('tar', ['-tzf', image], { encoding: 'utf8' })).toContain('../evil');
+    writeFileSync(join(d, 'b', 'marker'), 'before');
+    const err = await installError(installImage(d, image));
+    expect(err.code).toBe('bad-archive');
+    expect(err.message).toContain('../evil');
+    expect(existsSync(join(d, 'evil'))).toBe(false);
+    // Refused before the slot was emptied.
+    expect(readdirSync(join(d, 'b'))).toEqual(['marker']);
+  });
+
+  it('refuses an archive with an absolute member and writes nothing outside the slot', async () => {
+    const d = fresh('slots');
+    const target = join(fresh('outside'), 'abs-evil');
+    const image = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), 'abs-evil': 'pwned' }, [
+      '-P',
+      `--transform=s,^abs-evil,${target},`,
+    ]);
+    expect(execFileSync('tar', ['-tzf', image], { encoding: 'utf8' })).toContain(target);
+    const err = await installError(installImage(d, image));
+    expect(err.code).toBe('bad-archive');
+    expect(existsSync(target)).toBe(false);
+  });
+
+  it('refuses an archive with a symlink that leaves the image', async () => {
+    const d = fresh('slots');
+    const src = fresh('src');
+    writeFileSync(join(src, 'manifest.json'), manifest({ name: 'gw', version: 1 }));
+    execFileSync('ln', ['-s', '../../outside', join(src, 'link')]);
+    const image = join(fresh('img'), 'image.tar.gz');
+    execFileSync('tar', ['-czf', image, '-C', src, 'manifest.json', 'link']);
+    const err = await installError(installImage(d, image));
+    expect(err.code).toBe('bad-archive');
+  });
+
+  it('runs the install script in the slot with DEVCLOUD_SLOT', async () => {
+    const d = fresh('slots');
+    const image = makeImage({
+      'manifest.json': manifest({ name: 'gw', version: '1.2', install: 'scripts/install.sh' }),
+      'scripts/install.sh': script('echo "$DEVCLOUD_SLOT" > slot.txt\npwd -P > cwd.txt'),
+    });
+    const { slot, manifest: m } = await installImage(d, image);
+    expect(m.install).toBe('scripts/install.sh');
+    const slotDir = join(d, slot);
+    expect(readFileSync(join(slotDir, 'slot.txt'), 'utf8').trim()).toBe(slotDir);
+    expect(readFileSync(join(slotDir, 'cwd.txt'), 'utf8').trim()).toBe(
+      execFileSync('realpath', [slotDir], { encoding: 'utf8' }).trim(),
+    );
+  });
+
+  it('reports a failing install script with its exit status', async () => {
+    const d = fresh('slots');
+    const image = makeImage({
+      'manifest.json': manifest({ name: 'gw', version: 1, install: 'install.sh' }),
+      'install.sh': script('echo "disk full" >&2\nexit 1'),
+    });
+    const err = await installError(installImage(d, image));
+    expect(err.code).toBe('script-failed');
+    expect(err.message).toContain('exit status 1');
+    expect(err.message).toContain('disk full');
+  });
+
+  it('kills a hanging install script, and what it started, at the timeout', async () => {
+    const d = fresh('slots');
+    const image = makeImage({
+      'manifest.json': manifest({ name: 'gw', version: 1, install: 'install.sh' }),
+      'install.sh': script('sleep 60 &\necho $! > sleep.pid\nwait'),
+    });
+    const started = Date.now();
+    const err = await installError(installImage(d, image, { scriptTimeoutMs: 300 }));
+    expect(err.code).toBe('script-timeout');
+    expect(Date.now() - started).toBeLessThan(10_000);
+    const pid = Number(readFileSync(join(d, 'b', 'sleep.pid'), 'utf8'));
+    await until(() => !processAlive(pid), 5_000);
+  });
+});
+
+describe('switchSlot and rollbackSlot', () => {
+  it('switches atomically, leaves no temporary link and is idempotent', async () => {
+    const d = fresh('slots');
+    await switchSlot(d, 'b');
+    expect(readlinkSync(join(d, 'current'))).toBe('b');
+    expect(await activeSlot(d)).toBe('b');
+    await switchSlot(d, 'b');
+    expect(readlinkSync(join(d, 'current'))).toBe('b');
+    expect(readdirSync(d).filter((n) => n.includes('.tmp-'))).toEqual([]);
+    expect(readlinkSync(join(d, 'previous'))).toBe('a');
+  });
+
+  it('rolls back to the slot that was active before the switch, idempotently', async () => {
+    const d = fresh('slots');
+    expect(await rollbackSlot(d)).toBe('a');
+    await switchSlot(d, 'a');
+    await switchSlot(d, 'b');
+    expect(await rollbackSlot(d)).toBe('a');
+    expect(readlinkSync(join(d, 'current'))).toBe('a');
+    expect(await rollbackSlot(d)).toBe('a');
+    expect(readlinkSync(join(d, 'current'))).toBe('a');
+    expect(readdirSync(d).filter((n) => n.includes('.tmp-'))).toEqual([]);
+  });
+});
