@@ -107,10 +107,6 @@ const toCommand = (r: Row): StoredCommand => ({
 
 const RANK: Record<BridgeCommandState, number> = { queued: 0, sent: 1, running: 2, done: 3, failed: 3, expired: 3 };
 
-export function isFinalState(state: BridgeCommandState): boolean {
-  return RANK[state] === 3;
-}
-
 export interface NewBridgeCommand {
   id: string;
   deviceId: string;

@@ -385,11 +385,6 @@ export class DeviceService {
     });
     return { history, nearby };
   }
-
-  /** Forgets the activity throttle of a device (tests, and a device that was removed). */
-  forgetActivity(deviceId: string): void {
-    this.activityWritten.delete(deviceId);
-  }
 }
 
 /** The `fwstate` values that end an update (DESIGN section 7). */

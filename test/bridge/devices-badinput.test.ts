@@ -14,21 +14,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type UpTopic, downFilter, topicFor } from '../../protocol/index.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 import { type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { until } from '../support/wait.js';
 
 const MAX_VALUE = 64;
 const BODY_LIMIT = 4096;
 const FORM = 'application/x-www-form-urlencoded';
 const JSON_TYPE = 'application/json';
-
-async function until<T>(check: () => Promise<T | undefined> | T | undefined, what: string, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 interface Reply {
   status: number;

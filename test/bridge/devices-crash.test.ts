@@ -18,16 +18,7 @@ import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import type { HttpClient } from '../support/bridge.js';
 import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
-
-async function until<T>(check: () => Promise<T | undefined> | T | undefined, what: string, ms = 20_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+import { until } from '../support/wait.js';
 
 type VarRecord = { value?: string; time: number; acked: number };
 type DeviceObject = { d: Record<string, VarRecord>; meta: Record<string, { value: string }> };

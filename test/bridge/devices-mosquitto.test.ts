@@ -14,16 +14,7 @@ import { encode, messageId, topicFor } from '../../protocol/index.js';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type SecureMosquitto, startSecureMosquitto } from '../support/brokers.js';
-
-async function until<T>(check: () => Promise<T | undefined> | T | undefined, what: string, ms = 15_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+import { until } from '../support/wait.js';
 
 function udpSend(port: number, payload: string): Promise<void> {
   const s = createSocket('udp4');

@@ -12,6 +12,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type Frontend, ProductConfig } from '../../bridge/store/types.js';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type HttpResult, type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { until } from '../support/wait.js';
 
 // ---- shapes answered by the API ----
 
@@ -44,20 +45,6 @@ const TEXT_KEYS = ['time', 'value'];
 const PASSWORD = 'correct horse battery';
 
 // ---- helpers ----
-
-async function until<T>(
-  check: () => Promise<T | undefined | false> | T | undefined | false,
-  what: string,
-  ms = 10_000,
-): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 15));
-  }
-}
 
 function udpSend(port: number, payload: string): Promise<void> {
   const s = createSocket('udp4');

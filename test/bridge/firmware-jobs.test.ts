@@ -13,16 +13,7 @@ import { importImage } from '../../bridge/firmware/catalog.js';
 import { type FwMessage, encode, messageId, signFirmware, topicFor } from '../../protocol/index.js';
 import { tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
-
-async function until<T>(check: () => T | undefined | false | Promise<T | undefined | false>, what: string): Promise<T> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+import { until } from '../support/wait.js';
 
 const NAME = 'gateways/linux-x64/rootfs-7';
 const IMAGE = randomBytes(300_000);

@@ -24,20 +24,9 @@ import {
   startLiveBridge,
 } from '../support/bridge.js';
 import { type SecureMosquitto, startSecureMosquitto } from '../support/brokers.js';
+import { until } from '../support/wait.js';
 
-export async function until<T>(
-  check: () => Promise<T | undefined | false> | T | undefined | false,
-  what: string,
-  ms = 15_000,
-): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+export { until };
 
 /** A command as `GET /0/devices/<id>/commands/<uuid>` shows it. */
 export interface Cmd {

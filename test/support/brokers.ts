@@ -82,52 +82,8 @@ export async function startMosquitto(): Promise<TestBroker> {
   const dir = mkdtempSync(join(tmpdir(), 'devcloud-mosq-'));
   const port = await freePort();
   const conf = join(dir, 'mosquitto.conf');
-  writeFileSync(
-    conf,
-    [
-      `listener ${port} 127.0.0.1`,
-      'allow_anonymous true',
-      'persistence false',
-      'log_dest stderr',
-      'log_type error',
-      'max_inflight_messages 0',
-      'max_queued_messages 100000',
-      '',
-    ].join('\n'),
-  );
-  let proc: ChildProcess | undefined;
-  const start = async () => {
-    const child = spawn('mosquitto', ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
-    proc = child;
-    let stderr = '';
-    child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
-    const deadline = Date.now() + 10_000;
-    while (!(await canConnect(port))) {
-      if (child.exitCode !== null) throw new Error(`mosquitto exited: ${stderr}`);
-      if (Date.now() > deadline) throw new Error(`mosquitto did not listen on ${port}: ${stderr}`);
-      await new Promise((r) => setTimeout(r, 25));
-    }
-  };
-  const stop = async () => {
-    const child = proc;
-    proc = undefined;
-    if (!child || child.exitCode !== null) return;
-    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.kill('SIGKILL');
-    await exited;
-  };
-  await start();
-  return {
-    kind: 'mosquitto',
-    url: `mqtt://127.0.0.1:${port}`,
-    port,
-    stop,
-    start,
-    close: async () => {
-      await stop();
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
+  writeFileSync(conf, mosquittoConf(port, ['allow_anonymous true']));
+  return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)) };
 }
 
 function canConnect(port: number): Promise<boolean> {
@@ -199,25 +155,32 @@ export async function startSecureMosquitto(opts: SecureMosquittoOptions): Promis
   );
   writeFileSync(
     conf,
-    [
-      `listener ${port} 127.0.0.1`,
-      'allow_anonymous false',
-      `password_file ${passwordFile}`,
-      `acl_file ${aclFile}`,
-      'persistence false',
-      'log_dest stderr',
-      'log_type error',
-      'max_inflight_messages 0',
-      'max_queued_messages 100000',
-      '',
-    ].join('\n'),
+    mosquittoConf(port, ['allow_anonymous false', `password_file ${passwordFile}`, `acl_file ${aclFile}`]),
   );
+  return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)), bridgePasswordFile };
+}
+
+/** A Mosquitto config: a listener on 127.0.0.1, no persistence, errors only, and the given lines. */
+function mosquittoConf(port: number, lines: string[]): string {
+  return [
+    `listener ${port} 127.0.0.1`,
+    ...lines,
+    'persistence false',
+    'log_dest stderr',
+    'log_type error',
+    'max_inflight_messages 0',
+    'max_queued_messages 100000',
+    '',
+  ].join('\n');
+}
+
+/** Runs `mosquitto -c conf` until it listens on `port`; stop kills it, start runs it again, close also removes `dir`. */
+async function runMosquitto(dir: string, conf: string, port: number): Promise<Omit<TestBroker, 'kind'>> {
   let proc: ChildProcess | undefined;
-  let stderr = '';
   const start = async () => {
     const child = spawn('mosquitto', ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
     proc = child;
-    stderr = '';
+    let stderr = '';
     child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
     const deadline = Date.now() + 10_000;
     while (!(await canConnect(port))) {
@@ -236,10 +199,8 @@ export async function startSecureMosquitto(opts: SecureMosquittoOptions): Promis
   };
   await start();
   return {
-    kind: 'mosquitto',
     url: `mqtt://127.0.0.1:${port}`,
     port,
-    bridgePasswordFile,
     stop,
     start,
     close: async () => {
