@@ -17,6 +17,7 @@ import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
 import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue.js';
 import { CommandRunner } from './commands/runner.js';
+import { FirmwareUpdater } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
 import { AGENT_MIGRATIONS } from './migrations.js';
 import type { CommandJson, QueueJson } from './local/messages.js';
@@ -56,6 +57,7 @@ export class Agent {
   readonly local: LocalServer;
   readonly commands: CommandRunner;
   readonly queue: CommandQueue;
+  readonly firmware: FirmwareUpdater;
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   private readonly reporter: HeardReporter;
@@ -112,6 +114,24 @@ export class Agent {
     this.queue = new CommandQueue(this.db);
     const cmd = config.commands;
     const uplink = this.uplink;
+    this.firmware = new FirmwareUpdater({
+      db: this.db,
+      config: { ...config.firmware, slotsDir: config.firmware.slotsDir ?? join(config.stateDir, 'slots') },
+      imageDir: join(config.stateDir, 'fw'),
+      baseVersion: config.fwVersion,
+      rebootCommand: cmd.rebootCommand,
+      reporter: {
+        publish: (payload, onAck) => uplink.publish('up/meta', payload, onAck),
+        get connected() {
+          return uplink.connected;
+        },
+      },
+      restartAgent: () => {
+        void this.stop().then(() => this.onRestart());
+      },
+      log,
+      now,
+    });
     this.commands = new CommandRunner({
       queue: this.queue,
       commit: this.commit,
@@ -125,7 +145,7 @@ export class Agent {
         identify: () => ({
           deviceId: identity.deviceId,
           platform: config.platform,
-          fwVersion: config.fwVersion,
+          fwVersion: this.firmware.version(),
           agentVersion: VERSION,
         }),
         reboot: () => this.reboot(),
@@ -161,6 +181,7 @@ export class Agent {
         vars: this.vars,
         status: () => this.status(),
         queue: (recent: number) => this.queueView(recent),
+        firmware: this.firmware,
         setLogLevel: (level: LogLevel) => {
           this.log.level = level;
         },
@@ -194,6 +215,7 @@ export class Agent {
       throw err;
     }
     await agent.commands.start();
+    await agent.firmware.start();
     agent.mode = agent.readMode();
     if (agent.mode === 'master') await agent.startNearby();
     deps.log.info({
@@ -217,6 +239,7 @@ export class Agent {
     this.local.stopAccepting();
     this.nearby.stop();
     this.commands.stop();
+    this.firmware.stop();
     this.commit.flush();
     // Let the acknowledgements of what just committed go out before the connection closes.
     await new Promise((r) => setImmediate(r));
@@ -234,7 +257,7 @@ export class Agent {
       deviceId: this.identity.deviceId,
       version: VERSION,
       platform: this.config.platform,
-      fwVersion: this.config.fwVersion,
+      fwVersion: this.firmware.version(),
       mode: this.mode,
       state: this.uplink.connected ? 'connected' : this.asleep ? 'sleeping' : 'disconnected',
       broker: safeUrl(this.config.mqtt.url),
@@ -247,6 +270,7 @@ export class Agent {
       // The runner's counters (since start) and, apart, what the queue holds by state: both have `failed` and
       // `expired`, which mean different things.
       commands: { ...this.commands.counters, queue: this.queue.counts() },
+      firmware: this.firmware.status(),
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
     };
@@ -267,6 +291,7 @@ export class Agent {
       this.vars.onConnected();
       this.reporter.onConnected();
       this.commands.onConnected();
+      this.firmware.onConnected();
       // A wake is already settling (its time budget runs from the wake); this starts one after a mode change.
       if (this.mode === 'deadleaf' && this.settleTimer === undefined) this.startSettling();
     });
@@ -295,11 +320,7 @@ export class Agent {
           );
         return;
       case 'down/fw':
-        this.log.warn({
-          event: 'fw.unsupported',
-          job: msg.payload.job,
-          reason: 'this agent does not update firmware yet',
-        });
+        this.firmware.onMessage(msg.payload);
         return;
     }
   }
@@ -319,7 +340,7 @@ export class Agent {
       authcode: this.identity.authcode,
       platform: this.config.platform,
       agentVersion: VERSION,
-      fwVersion: this.config.fwVersion,
+      fwVersion: this.firmware.version(),
       mode: this.mode,
       bootTime: this.startedAt,
       ts: this.now(),

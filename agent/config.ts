@@ -165,13 +165,31 @@ export const AgentConfigSchema = z
             message: 'set either command or url, not both',
           })
           .prefault({}),
-        /** Times one job is tried (download, verify, install) before it fails. */
+        /** The longest an install (unpacking, the image's install script, or `installCommand`) may take. */
+        installTimeoutMs: z.number().int().min(1000).max(86_400_000).default(600_000),
+        /**
+         * What restarts the new image after the switch (and the old one after a rollback): `none`; `command` runs
+         * `restartCommand` (a service restart); `agent` stops the agent with exit status 75 so that its service
+         * manager starts it again (the agent's own update); `reboot` runs `commands.rebootCommand`.
+         */
+        restart: z.enum(['none', 'command', 'agent', 'reboot']).default('none'),
+        restartCommand: commandLine.optional(),
+        /**
+         * The loop counter: how many times the agent may start in one stretch of an update (before the switch,
+         * or after it) before it gives up: `failed` before the switch, a rollback after it.
+         */
         maxAttempts: z.number().int().min(1).max(100).default(3),
+        /** Finished jobs kept for `devcloud-agent fw status`. */
+        keepJobs: z.number().int().min(1).max(1000).default(20),
       })
       .strict()
       .refine((f) => f.installer !== 'command' || f.installCommand !== undefined, {
         path: ['installCommand'],
         message: 'is needed when installer is "command"',
+      })
+      .refine((f) => f.restart !== 'command' || f.restartCommand !== undefined, {
+        path: ['restartCommand'],
+        message: 'is needed when restart is "command"',
       })
       .prefault({}),
   })

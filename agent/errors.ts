@@ -8,6 +8,7 @@ export const AGENT_ERROR_CODES = {
   'not-found': 'no such variable',
   'too-large': 'the value is larger than allowed',
   unavailable: 'the agent is shutting down or not ready',
+  refused: 'the operation does not apply in the current state (for example, no update to commit)',
   internal: 'an unexpected failure; the agent log has the details',
 } as const;
 

@@ -4,6 +4,7 @@
  */
 import type { Migration } from '../lib/sqlite.js';
 import { COMMAND_MIGRATION } from './commands/queue.js';
+import { FIRMWARE_MIGRATION } from './fw/store.js';
 import { VAR_MIGRATIONS } from './vars/store.js';
 
-export const AGENT_MIGRATIONS: readonly Migration[] = [...VAR_MIGRATIONS, COMMAND_MIGRATION];
+export const AGENT_MIGRATIONS: readonly Migration[] = [...VAR_MIGRATIONS, COMMAND_MIGRATION, FIRMWARE_MIGRATION];

@@ -10,6 +10,7 @@ import { VERSION } from '../../lib/version.js';
 import { Agent } from '../agent.js';
 import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, socketPath } from '../config.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
+import { fwCommand } from './fw.js';
 import type { CommandJson, QueueJson, VarJson } from '../local/messages.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, unreachable: 3 } as const;
@@ -27,6 +28,10 @@ Usage:
   devcloud-agent log-level LEVEL            change the running agent's log level
   devcloud-agent status                     what the running agent reports about itself (JSON)
   devcloud-agent queue [--recent N]         the command queue: running, queued (in run order), recent
+  devcloud-agent fw status                  the firmware update: state, job, slots, steps
+  devcloud-agent fw commit                  accept a switched image now (skips the rest of the health check)
+  devcloud-agent fw rollback                return to the image that ran before the update (works without
+                                            a running agent: the systemd OnFailure= entry point)
 
 Options:
 ${formatOptions(AGENT_OPTIONS)}
@@ -125,6 +130,8 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
         return EXIT.ok;
       });
     }
+    case 'fw':
+      return fwCommand(config, env, params, json, io);
     default:
       return usage(io, `unknown command ${command}`);
   }

@@ -157,7 +157,16 @@ export async function rollbackSlot(dir: string): Promise<SlotName> {
   return previous;
 }
 
-interface RunResult {
+/**
+ * Points `current` at `slot` without touching `previous`: the rollback of an update, which returns to the slot
+ * recorded before it was installed (whatever `previous` says). Repeating it changes nothing.
+ */
+export async function restoreSlot(dir: string, slot: SlotName): Promise<void> {
+  await ensureSlots(dir);
+  await replaceLink(dir, 'current', slot);
+}
+
+export interface RunResult {
   code: number | null;
   signal: NodeJS.Signals | null;
   timedOut: boolean;
@@ -169,7 +178,7 @@ interface RunResult {
  * Runs a program without a shell, in its own process group, so a timeout kills everything it started (a script
  * that forks `sleep` would otherwise keep the output pipes open after the script itself is gone).
  */
-function run(
+export function runProgram(
   file: string,
   args: string[],
   opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs: number },
@@ -207,7 +216,7 @@ function run(
   });
 }
 
-function describeExit(r: RunResult): string {
+export function describeExit(r: RunResult): string {
   const how = r.code !== null ? `exit status ${r.code}` : `signal ${r.signal ?? 'unknown'}`;
   const err = r.stderr.trim();
   return err === '' ? how : `${how}: ${err}`;
@@ -216,7 +225,7 @@ function describeExit(r: RunResult): string {
 async function runTar(args: string[], timeoutMs: number, what: string): Promise<string> {
   let r: RunResult;
   try {
-    r = await run('tar', args, { timeoutMs, env: { ...process.env, LC_ALL: 'C' } });
+    r = await runProgram('tar', args, { timeoutMs, env: { ...process.env, LC_ALL: 'C' } });
   } catch (err) {
     throw new InstallError('unpack-failed', `cannot run tar to ${what}: ${String(err)}`);
   }
@@ -288,7 +297,7 @@ async function runInstallScript(
   }
   let r: RunResult;
   try {
-    r = await run(path, [], {
+    r = await runProgram(path, [], {
       cwd: slotDir,
       env: { ...process.env, ...opts.env, DEVCLOUD_SLOT: slotDir },
       timeoutMs: opts.timeoutMs,

@@ -81,6 +81,15 @@ export class LocalClient {
   status<T = Record<string, unknown>>(): Promise<T> {
     return this.request({ op: 'status' });
   }
+  fwStatus(): Promise<Record<string, unknown>> {
+    return this.request({ op: 'fw-status' });
+  }
+  fwCommit(): Promise<Record<string, unknown>> {
+    return this.request({ op: 'fw-commit' });
+  }
+  fwRollback(reason?: string): Promise<Record<string, unknown>> {
+    return this.request({ op: 'fw-rollback', ...(reason ? { reason } : {}) });
+  }
   /** Follows changes and acknowledgements; resolves once the agent has registered the watch. */
   async watch(onEvent: (ev: WatchEvent) => void): Promise<void> {
     this.onEvent = onEvent;

@@ -34,6 +34,9 @@ export const LocalRequest = z.discriminatedUnion('op', [
   z.object({ op: z.literal('status'), id: Id }).strict(),
   z.object({ op: z.literal('queue'), id: Id, recent: z.number().int().min(0).max(1000).default(20) }).strict(),
   z.object({ op: z.literal('log-level'), id: Id, level: z.enum(LOG_LEVELS) }).strict(),
+  z.object({ op: z.literal('fw-status'), id: Id }).strict(),
+  z.object({ op: z.literal('fw-commit'), id: Id }).strict(),
+  z.object({ op: z.literal('fw-rollback'), id: Id, reason: z.string().min(1).max(200).optional() }).strict(),
 ]);
 export type LocalRequest = z.infer<typeof LocalRequest>;
 

@@ -10,6 +10,7 @@ import { mkdirSync } from 'node:fs';
 import type { Logger, LogLevel } from '../../lib/log.js';
 import { VAR_NAME_RE } from '../../protocol/index.js';
 import { AgentError, isAgentError } from '../errors.js';
+import type { FirmwareUpdater } from '../fw/updater.js';
 import type { VarSync } from '../vars/sync.js';
 import { LocalRequest, type LocalResponse, MAX_LINE_BYTES, type WatchEvent, varJson } from './messages.js';
 
@@ -17,6 +18,7 @@ export interface LocalApi {
   vars: VarSync;
   status(): unknown;
   queue(recent: number): unknown;
+  firmware: Pick<FirmwareUpdater, 'status' | 'commit' | 'rollback'>;
   setLogLevel(level: LogLevel): void;
 }
 
@@ -182,6 +184,15 @@ export class LocalServer {
         this.api.setLogLevel(req.level);
         this.log.info({ event: 'log.level_changed', level: req.level });
         return { level: req.level };
+      case 'fw-status':
+        return this.api.firmware.status();
+      case 'fw-commit':
+      case 'fw-rollback': {
+        const fw = this.api.firmware;
+        const r = req.op === 'fw-commit' ? fw.commit() : fw.rollback(req.reason);
+        if (!r.ok) throw new AgentError('refused', r.why ?? 'refused');
+        return fw.status();
+      }
     }
   }
 

@@ -400,15 +400,11 @@ const FW_META_DEFAULTS: ReadonlyArray<readonly [string, string]> = [
   ['fwerror', ''],
 ];
 
-/** The `meta` entries the bridge keeps itself (decision 22). */
-const RESERVED_META: ReadonlySet<string> = new Set([
-  'state',
-  'lastactivity',
-  'unique',
-  'platform',
-  'fwversion',
-  'agentversion',
-]);
+/**
+ * The `meta` entries the bridge keeps itself (decision 22). `fwversion` is not among them: the agent reports the
+ * version it committed after a firmware update in `up/meta`, without reconnecting.
+ */
+const RESERVED_META: ReadonlySet<string> = new Set(['state', 'lastactivity', 'unique', 'platform', 'agentversion']);
 
 /** A stored `d` record as the wire sees it. */
 function asVersion(rec: VarRecord): VersionRecord {

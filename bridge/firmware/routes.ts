@@ -99,7 +99,8 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
       job: jobId,
       name: image.name,
       version: image.version,
-      platform: image.toPlatform,
+      // The platform the image was signed for: the agent checks the signature over exactly these fields.
+      platform: image.platform,
       url: `${base.replace(/\/+$/, '')}/0/firmware/jobs/${jobId}/image`,
       token,
       size: image.size,

@@ -42,7 +42,10 @@ const DEFAULTS = {
   publicKeys: [],
   installer: 'slots',
   health: { timeoutMs: 30_000, retries: 3, intervalMs: 5000, commitTimeoutMs: 300_000 },
+  installTimeoutMs: 600_000,
+  restart: 'none',
   maxAttempts: 3,
+  keepJobs: 20,
 };
 
 describe('the firmware config', () => {
@@ -101,7 +104,11 @@ firmware:
     retries: 0
     intervalMs: 0
     commitTimeoutMs: 60000
+  installTimeoutMs: 5000
+  restart: command
+  restartCommand: systemctl restart acme-app
   maxAttempts: 5
+  keepJobs: 3
 `);
     expect(load(['--config', path]).firmware).toEqual({
       publicKeys: ['/etc/devcloud/fw1.pem'],
@@ -115,7 +122,11 @@ firmware:
         intervalMs: 0,
         commitTimeoutMs: 60_000,
       },
+      installTimeoutMs: 5000,
+      restart: 'command',
+      restartCommand: ['systemctl', 'restart', 'acme-app'],
       maxAttempts: 5,
+      keepJobs: 3,
     });
   });
 
@@ -145,6 +156,12 @@ firmware:
   it('needs an install command for the command installer, and refuses both a health command and a URL', () => {
     expect(problemsOf(() => load([], { DEVCLOUD_CONFIG: file('firmware:\n  installer: command\n') }))).toEqual([
       expect.stringMatching(/^firmware\.installCommand: is needed when installer is "command"/),
+    ]);
+    expect(problemsOf(() => load([], { DEVCLOUD_CONFIG: file('firmware:\n  restart: command\n') }))).toEqual([
+      expect.stringMatching(/^firmware\.restartCommand: is needed when restart is "command"/),
+    ]);
+    expect(problemsOf(() => load([], { DEVCLOUD_CONFIG: file('firmware:\n  restart: sometimes\n') }))).toEqual([
+      expect.stringMatching(/^firmware\.restart: /),
     ]);
     const both = file('firmware:\n  health:\n    command: [/bin/true]\n    url: http://localhost/health\n');
     expect(problemsOf(() => load(['--config', both]))).toEqual([
