@@ -17,6 +17,7 @@ import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
 import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue.js';
 import { CommandRunner } from './commands/runner.js';
+import { DEFAULT_RETRY } from './fw/download.js';
 import { FirmwareUpdater } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
 import { AGENT_MIGRATIONS } from './migrations.js';
@@ -131,6 +132,9 @@ export class Agent {
       },
       log,
       now,
+      ...(config.firmware.downloadRetryDelayMs === undefined
+        ? {}
+        : { retry: { ...DEFAULT_RETRY, baseDelayMs: config.firmware.downloadRetryDelayMs } }),
     });
     this.commands = new CommandRunner({
       queue: this.queue,

@@ -181,6 +181,11 @@ export const AgentConfigSchema = z
         maxAttempts: z.number().int().min(1).max(100).default(3),
         /** Finished jobs kept for `devcloud-agent fw status`. */
         keepJobs: z.number().int().min(1).max(1000).default(20),
+        /**
+         * The wait before the second download attempt after a broken download, in milliseconds; doubled after each
+         * failure, up to a minute. Unset: 2000.
+         */
+        downloadRetryDelayMs: z.number().int().min(0).max(60_000).optional(),
       })
       .strict()
       .refine((f) => f.installer !== 'command' || f.installCommand !== undefined, {

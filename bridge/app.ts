@@ -14,6 +14,7 @@ import { registerAccountRoutes } from './accounts/routes.js';
 import type { BridgeConfig } from './config.js';
 import { registerCommandRoutes } from './commands/routes.js';
 import { CommandService } from './commands/service.js';
+import { resendFirmwareJob } from './firmware/resend.js';
 import { registerDeviceRoutes } from './devices/routes.js';
 import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
@@ -108,6 +109,41 @@ export function query(req: FastifyRequest): Fields {
 export type FieldResult<T> = { ok: true; value: T } | { ok: false };
 
 /**
+ * The device service with what hangs off a device's hello: commands handed over again and an open firmware job
+ * sent again. One place, for the app and for `devcloud-bridge run`.
+ */
+export function createDeviceService(
+  config: BridgeConfig,
+  store: BridgeStore,
+  log: Logger,
+  now: () => number,
+  commands: CommandService,
+): DeviceService {
+  const devices: DeviceService = new DeviceService({
+    store,
+    log,
+    now,
+    nearbyWindowMs: config.devices.nearbyWindowMs,
+    lastActivityMs: config.devices.lastActivityMs,
+    commands,
+    firmware: {
+      onHello: (deviceId: string): Promise<void> =>
+        resendFirmwareJob(
+          {
+            store,
+            sendDown: (id, name, payload): boolean => devices.sendDown(id, name, payload),
+            tokenHours: config.firmware.tokenHours,
+            now,
+            log,
+          },
+          deviceId,
+        ),
+    },
+  });
+  return devices;
+}
+
+/**
  * Reads fields through a form schema one field at a time (STYLE principle 3), so that a route answers the
  * failure token of the field at fault, in its own order (decision 4), and ignores a field it does not use on
  * the path it takes.
@@ -157,16 +193,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   const rl = config.rateLimits;
   const commands =
     deps.commands ?? new CommandService({ store: deps.store, log, now, maxOpen: config.commands.maxOpen });
-  const devices =
-    deps.devices ??
-    new DeviceService({
-      store: deps.store,
-      log,
-      now,
-      nearbyWindowMs: config.devices.nearbyWindowMs,
-      lastActivityMs: config.devices.lastActivityMs,
-      commands,
-    });
+  const devices = deps.devices ?? createDeviceService(config, deps.store, log, now, commands);
   const ctx: RouteContext = {
     ...deps,
     now,

@@ -11,12 +11,12 @@ import { createLogger } from '../lib/log.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { PasswordHasher } from './accounts/password.js';
-import { buildApp } from './app.js';
+import { buildApp, createDeviceService } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
-import { DeviceService } from './devices/service.js';
+import type { DeviceService } from './devices/service.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
 import { createMailer } from './mail/mailer.js';
 import { SqliteStore } from './store/sqlite.js';
@@ -249,14 +249,7 @@ export async function startBridge(
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const commands = new CommandService({ store, log, now: Date.now, maxOpen: config.commands.maxOpen });
-  const devices = new DeviceService({
-    store,
-    log,
-    now: Date.now,
-    nearbyWindowMs: config.devices.nearbyWindowMs,
-    lastActivityMs: config.devices.lastActivityMs,
-    commands,
-  });
+  const devices = createDeviceService(config, store, log, Date.now, commands);
   const app = buildApp({ config, store, hasher, mailer, log, devices, commands });
   let broker: EmbeddedBroker | undefined;
   const fail = async (err: unknown): Promise<never> => {

@@ -81,6 +81,8 @@ interface Outcome {
   binary?: boolean;
   setsCookie?: boolean;
   retryAfter?: boolean;
+  /** A `Content-Range` header (a range of the firmware image, or why none could be served). */
+  contentRange?: boolean;
 }
 
 interface Route {
@@ -100,6 +102,8 @@ interface Route {
   body?: string;
   /** Query parameters besides `app`. */
   query?: z.ZodObject;
+  /** A route devices call (the firmware image): it reads no frontend, so it has no `app` and no 404 for one. */
+  device?: boolean;
   responses: Record<number, Outcome>;
 }
 
@@ -364,8 +368,8 @@ function firmwareJobRoutes(): Route[] {
       400: {
         description:
           '`device-fwup-name-fail`: no image of that name. `device-fwup-start-fail`: the device is not connected ' +
-          'in mode and state, its platform is not one the image updates from, an update is running, or the job ' +
-          'could not be handed to the broker. `device-fail`: no device the user may see.',
+          'in mode and state, its platform is not one the image updates from, an update is running, the job ' +
+          'could not be handed to the broker, or a malformed body. `device-fail`: no device the user may see.',
         tokens: [token('device-fwup-name-fail'), token('device-fwup-start-fail'), token('device-fail')],
       },
       401: NO_SESSION,
@@ -386,7 +390,8 @@ function firmwareJobRoutes(): Route[] {
       400: {
         description:
           'No update is running, it is past the switch (`fwstate` `switching`, `restarting`, `committing`, ' +
-          '`rollingback`), the device is not one the user may see, or the cancel could not be handed over.',
+          '`rollingback`), the device is not one the user may see, the cancel could not be handed over, or a ' +
+          'malformed body.',
         tokens: [token('firmware-fail')],
       },
       401: NO_SESSION,
@@ -405,13 +410,22 @@ function firmwareJobRoutes(): Route[] {
       summary: "A job's image, for its device",
       description:
         'What the device downloads, with `Authorization: Bearer <token>` from its `down/fw` job; the token is valid ' +
-        'until the job ends or `firmware.tokenHours` pass. One HTTP range (`Range: bytes=N-` or `bytes=N-M`) is ' +
-        'answered 206 with `Content-Range`, so a download resumes where it stopped. No frontend, no session.',
+        'until the job ends or `firmware.tokenHours` pass. One HTTP range (`Range: bytes=N-`, `bytes=N-M` or `bytes=-N`) is ' +
+        'answered 206 with `Content-Range`, so a download resumes where it stopped. No frontend, no session: ' +
+        '`app` is not read. `Accept-Ranges: bytes`, `Cache-Control: no-store`.',
+      device: true,
       responses: {
-        200: { description: 'The whole image.', binary: true },
-        206: { description: 'The range asked for.', binary: true },
-        401: { description: 'No valid token for an open job.', tokens: [token('fw-token-fail')] },
-        416: { description: 'A range that is not one range within the image (`Content-Range: bytes */size`).' },
+        200: { description: 'The whole image (also for a `Range` in a unit other than bytes).', binary: true },
+        206: { description: 'The range asked for.', binary: true, contentRange: true },
+        401: {
+          description: 'No valid token: none, a wrong one, an expired one, or one for a job that is not open.',
+          tokens: [token('fw-token-fail')],
+        },
+        416: {
+          description:
+            'A `bytes` range that is not one range within the image (`Content-Range: bytes */size`); ' + 'no body.',
+          contentRange: true,
+        },
       },
     },
   ];
@@ -796,7 +810,7 @@ function pathParameters(path: string): Json[] {
   }));
 }
 
-/** Statuses every route can answer besides its own. */
+/** Statuses every route can answer besides its own; a route devices call reads no frontend, so has no 404. */
 const COMMON: Record<number, Outcome> = {
   404: {
     description:
@@ -825,6 +839,7 @@ function response(o: Outcome): Json {
   const headers: Json = {};
   if (o.setsCookie) headers['Set-Cookie'] = { $ref: '#/components/headers/SetSessionCookie' };
   if (o.retryAfter) headers['Retry-After'] = { $ref: '#/components/headers/RetryAfter' };
+  if (o.contentRange) headers['Content-Range'] = { $ref: '#/components/headers/ContentRange' };
   return {
     description: o.description,
     ...(Object.keys(headers).length > 0 ? { headers } : {}),
@@ -834,7 +849,10 @@ function response(o: Outcome): Json {
 
 function responses(route: Route): Json {
   const out: Record<string, Json> = {};
-  for (const [status, o] of Object.entries({ ...COMMON, ...route.responses })) out[status] = response(o);
+  // A route that reads no frontend has no answer for an unknown one.
+  const { 404: _unknownFrontend, ...noFrontend } = COMMON;
+  const common = route.device ? noFrontend : COMMON;
+  for (const [status, o] of Object.entries({ ...common, ...route.responses })) out[status] = response(o);
   const own503 = route.responses[503];
   const shutdown = 'The bridge is shutting down (a JSON body from the HTTP server).';
   out['503'] = {
@@ -850,8 +868,8 @@ function responses(route: Route): Json {
   return Object.fromEntries(Object.entries(out).sort(([a], [b]) => Number(a) - Number(b)));
 }
 
-function queryParameters(query: z.ZodObject | undefined): Json[] {
-  const params: Json[] = [{ $ref: '#/components/parameters/app' }];
+function queryParameters(query: z.ZodObject | undefined, device: boolean): Json[] {
+  const params: Json[] = device ? [] : [{ $ref: '#/components/parameters/app' }];
   if (!query) return params;
   const schema = jsonSchema(query) as { properties?: Record<string, Json>; required?: string[] };
   for (const [name, s] of Object.entries(schema.properties ?? {})) {
@@ -889,7 +907,7 @@ function operation(route: Route): Json {
     summary: route.summary,
     description: route.description,
     ...(security ? { security } : {}),
-    parameters: [...pathParameters(route.path), ...queryParameters(route.query)],
+    parameters: [...pathParameters(route.path), ...queryParameters(route.query, route.device === true)],
     ...body,
     responses: responses(route),
   };
@@ -944,7 +962,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
       { name: 'Devices', description: 'Claimed and nearby devices, their variables and history.' },
       { name: 'Commands', description: 'Commands to a device, and their states.' },
       { name: 'Network', description: 'The devices near the user.' },
-      { name: 'Firmware', description: 'The firmware catalog.' },
+      {
+        name: 'Firmware',
+        description: 'The firmware catalog, updates of a device, and the image a device downloads for its update.',
+      },
       { name: 'Meta', description: 'About the API.' },
     ],
     paths,
@@ -968,6 +989,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
           schema: { type: 'string' },
         },
         RetryAfter: { description: 'Seconds to wait.', schema: { type: 'integer', minimum: 1 } },
+        ContentRange: {
+          description: '`bytes <first>-<last>/<size>` for a range served, `bytes */<size>` for one refused.',
+          schema: { type: 'string' },
+        },
       },
       schemas: {
         ...components(

@@ -242,6 +242,11 @@ export class FwJobStore {
     return this.byId(id)!;
   }
 
+  /** A job sent again carries a new token (the bridge keeps only hashes); a download still to come needs it. */
+  refreshToken(id: string, token: string, url: string): void {
+    this.db.prepare('UPDATE fw_jobs SET token = ?, url = ? WHERE id = ? AND token IS NOT NULL').run(token, url, id);
+  }
+
   /** A cancel from the cloud, kept so that a restart before it is acted on still honours it. */
   askCancel(id: string): void {
     this.db.prepare('UPDATE fw_jobs SET cancel_asked = 1 WHERE id = ?').run(id);
@@ -272,6 +277,11 @@ export class FwJobStore {
       this.db.prepare(`DELETE FROM fw_steps WHERE job IN (${old})`).run({ keep });
       this.db.prepare(`DELETE FROM fw_jobs WHERE id IN (${old})`).run({ keep });
     })();
+  }
+
+  /** Records an event of a job that is not a transition (a failed rollback that waits to be tried again). */
+  noteStep(job: string, state: FwState, at: number, error: string): void {
+    this.step(job, state, at, error);
   }
 
   private step(job: string, state: FwState, at: number, error: string): void {

@@ -60,6 +60,8 @@ type Outcome = FwEvent | { type: 'wait' } | { type: 'stopped' };
 const MAX_ERROR = 1000;
 /** Progress is reported at most this often while downloading. */
 const PROGRESS_EVERY_MS = 1000;
+/** Transitions kept while offline; a bound, though one job makes only a handful. */
+const MAX_UNSENT = 100;
 
 export class FirmwareUpdater {
   readonly store: FwJobStore;
@@ -68,6 +70,11 @@ export class FirmwareUpdater {
   /** Stops the running side effect (download, health check) when a cancel, commit or rollback overtakes it. */
   private effect: AbortController | undefined;
   private lastProgress = { pct: -1, at: 0 };
+  /**
+   * Reports made while offline, oldest first, sent on connect: a resumed job often moves on before the agent
+   * has connected, and the cloud must see every transition, not only the last one.
+   */
+  private unsent: Array<{ payload: MetaMessage; onAck: () => void }> = [];
   /** The slots of the install that just finished; saved with the move to `switching`. */
   private installed: { job: string; from: SlotName; to: SlotName } | undefined;
 
@@ -109,8 +116,11 @@ export class FirmwareUpdater {
   }
 
   onConnected(): void {
+    const unsent = this.unsent.splice(0);
+    for (const u of unsent) this.o.reporter.publish(u.payload, u.onAck);
+    // The last unsent report is the job's latest state; without one, a report from before a restart may be due.
     const job = this.store.latest();
-    if (job && !job.reported) this.report(job);
+    if (job && !job.reported && unsent.length === 0) this.report(job);
   }
 
   /** `down/fw` from the cloud. */
@@ -121,8 +131,11 @@ export class FirmwareUpdater {
     }
     const known = this.store.byId(msg.job);
     if (known) {
+      // The cloud sends an open job again on every hello, with a new token: a download still to come needs it,
+      // and the state it asks about is reported again (the report may have been lost with the connection).
       this.o.log.debug({ event: 'fw.duplicate', job: msg.job, state: known.state });
-      if (!known.reported) this.report(known);
+      if (known.token !== null) this.store.refreshToken(known.id, msg.token, msg.url);
+      this.report(known);
       return;
     }
     const current = this.store.latest();
@@ -134,9 +147,6 @@ export class FirmwareUpdater {
       // The cloud has given up on the job in hand (it sends one job at a time): the new one replaces it.
       this.effect?.abort();
       this.moveTo(current, 'cancelled', `replaced by job ${msg.job}`);
-    }
-    if (!/^https?:$/.test(safeProtocol(msg.url))) {
-      this.o.log.warn({ event: 'fw.bad_job', job: msg.job, reason: 'the image URL is not http or https' });
     }
     const job = this.store.add(
       {
@@ -256,13 +266,14 @@ export class FirmwareUpdater {
       case 'refused':
         throw new Error(`firmware: ${event.type} refused in ${job.state}: ${t.why}`);
       case 'stay': {
-        const error = clip(t.error ?? job.error);
-        if (t.error !== undefined) {
-          this.o.log.error({ event: 'fw.stuck', job: job.id, state: job.state, error: t.error });
-        }
-        const kept = this.store.patch(job.id, { error });
-        this.report(kept);
-        return kept;
+        if (t.error === undefined) return job;
+        // The saved error stays the reason for the rollback (what `rolledback` reports in the end); the failure
+        // of the rollback itself is reported beside it while the job waits, and kept in the job's steps.
+        this.o.log.error({ event: 'fw.stuck', job: job.id, state: job.state, error: t.error });
+        this.store.noteStep(job.id, job.state, this.o.now(), clip(t.error));
+        const shown = clip(job.error === '' ? t.error : `${job.error}; then ${t.error}`);
+        this.report({ ...job, error: shown });
+        return job;
       }
       case 'move':
         return this.moveTo(job, t.to, t.error);
@@ -313,9 +324,13 @@ export class FirmwareUpdater {
       fwversion: this.version(),
     };
     const { id, state, stateAt } = job;
-    this.o.reporter.publish({ id: messageId(), ts: this.o.now(), meta }, () => {
+    const payload = { id: messageId(), ts: this.o.now(), meta };
+    const onAck = (): void => {
       if (!this.stopped) this.store.markReported(id, state, stateAt);
-    });
+    };
+    if (this.o.reporter.publish(payload, onAck)) return;
+    this.unsent.push({ payload, onAck });
+    if (this.unsent.length > MAX_UNSENT) this.unsent.shift();
   }
 
   private reportProgress(job: FwJob, bytes: number): void {
@@ -438,6 +453,11 @@ export class FirmwareUpdater {
       return { type: 'ok' };
     } catch (err) {
       if (this.stopped) return { type: 'stopped' };
+      // The job came again with a new token (the old one stops working) while this attempt used the old one.
+      if (isDownloadError(err) && err.status === 401 && this.store.byId(job.id)?.token !== job.token) {
+        this.o.log.info({ event: 'fw.token_renewed', job: job.id });
+        return { type: 'stopped' };
+      }
       const detail = isDownloadError(err) ? err.message : String(err);
       return { type: 'fail', error: `download: ${detail}` };
     }

@@ -41,6 +41,8 @@ export interface DeviceServiceOptions {
   lastActivityMs: number;
   /** Commands: handed over again on hello, and their status reports. */
   commands?: CommandService;
+  /** Firmware: an open job is sent again on hello (firmware/resend.ts). */
+  firmware?: { onHello(deviceId: string): Promise<void> };
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
@@ -191,6 +193,7 @@ export class DeviceService {
     log.info({ event: 'device.hello', deviceId, platform: hello.platform, mode: hello.mode });
     this.catchUp(deviceId);
     this.opts.commands?.onHello(deviceId);
+    await this.opts.firmware?.onHello(deviceId);
   }
 
   /**

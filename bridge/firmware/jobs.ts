@@ -27,6 +27,17 @@ export const FIRMWARE_JOB_MIGRATION: Migration = (db) => {
   `);
 };
 
+/**
+ * The image URL sent with a job, so that the job can be sent again on the device's next hello; and the token it
+ * replaced, which keeps working beside the new one (a download under way when the job is sent again goes on).
+ */
+export const FIRMWARE_JOB_URL_MIGRATION: Migration = (db) => {
+  db.exec(`
+    ALTER TABLE fw_jobs ADD COLUMN url TEXT;
+    ALTER TABLE fw_jobs ADD COLUMN prev_token_hash TEXT;
+  `);
+};
+
 export interface FirmwareJob {
   id: string;
   deviceId: string;
@@ -39,6 +50,8 @@ export interface FirmwareJob {
   createdAt: number;
   endedAt: number | null;
   outcome: string | null;
+  /** `null` for a job made before URLs were kept. */
+  url: string | null;
 }
 
 interface Row {
@@ -54,6 +67,8 @@ interface Row {
   created_at: number;
   ended_at: number | null;
   outcome: string | null;
+  url: string | null;
+  prev_token_hash: string | null;
 }
 
 const toJob = (r: Row): FirmwareJob => ({
@@ -68,6 +83,7 @@ const toJob = (r: Row): FirmwareJob => ({
   createdAt: r.created_at,
   endedAt: r.ended_at,
   outcome: r.outcome,
+  url: r.url,
 });
 
 export function hashToken(token: string): string {
@@ -83,6 +99,7 @@ export interface NewJob {
   token: string;
   tokenExpires: number;
   createdAt: number;
+  url: string;
 }
 
 export class FirmwareJobStore {
@@ -93,8 +110,11 @@ export class FirmwareJobStore {
       byId: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE id = ?'),
       openOf: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE device_id = ? AND open = 1'),
       insert: db.prepare(
-        `INSERT INTO fw_jobs (id, device_id, name, sha256, size, token_hash, token_expires, created_at)
-         VALUES (@id, @deviceId, @name, @sha256, @size, @tokenHash, @tokenExpires, @createdAt)`,
+        `INSERT INTO fw_jobs (id, device_id, name, sha256, size, token_hash, token_expires, created_at, url)
+         VALUES (@id, @deviceId, @name, @sha256, @size, @tokenHash, @tokenExpires, @createdAt, @url)`,
+      ),
+      renew: db.prepare(
+        'UPDATE fw_jobs SET prev_token_hash = token_hash, token_hash = ?, token_expires = ? WHERE id = ? AND open = 1',
       ),
       end: db.prepare('UPDATE fw_jobs SET open = 0, ended_at = ?, outcome = ? WHERE id = ? AND open = 1'),
       cancel: db.prepare('UPDATE fw_jobs SET cancelled = 1 WHERE id = ? AND open = 1'),
@@ -121,6 +141,14 @@ export class FirmwareJobStore {
     return this.s.end.run(now, outcome, id).changes > 0;
   }
 
+  /**
+   * Gives an open job a new token: a job sent again carries a new one. The token it replaces keeps working (until
+   * the same expiry); the one before that stops.
+   */
+  renewToken(id: string, token: string, expires: number): void {
+    this.s.renew.run(hashToken(token), expires, id);
+  }
+
   markCancelled(id: string): void {
     this.s.cancel.run(id);
   }
@@ -130,7 +158,11 @@ export class FirmwareJobStore {
     const r = this.s.byId.get(id);
     if (!r || r.open !== 1 || r.token_expires <= now) return undefined;
     const a = Buffer.from(hashToken(token), 'hex');
-    const b = Buffer.from(r.token_hash, 'hex');
-    return a.length === b.length && timingSafeEqual(a, b) ? toJob(r) : undefined;
+    const matches = (hash: string | null): boolean => {
+      if (hash === null) return false;
+      const b = Buffer.from(hash, 'hex');
+      return a.length === b.length && timingSafeEqual(a, b);
+    };
+    return matches(r.token_hash) || matches(r.prev_token_hash) ? toJob(r) : undefined;
   }
 }

@@ -29,10 +29,19 @@ const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
 const metaValue = (ctx: RouteContext, deviceId: string, type: 'd' | 'meta', name: string): string | undefined =>
   ctx.store.devices.getVar(deviceId, type, name)?.value?.toString('utf8');
 
-/** `bytes=N-` or `bytes=N-M`, one range; `undefined` when absent, `null` when unusable. */
+/**
+ * `bytes=N-`, `bytes=N-M` or `bytes=-N` (the last N bytes), one range; `undefined` when there is none or it is in
+ * a unit other than bytes (ignored, as RFC 9110 section 14.2 asks: the whole image is sent), `null` when unusable.
+ */
 function parseRange(header: string | undefined, size: number): { start: number; end: number } | null | undefined {
-  if (header === undefined) return undefined;
-  const m = /^bytes=(\d{1,15})-(\d{0,15})$/.exec(header.trim());
+  if (header === undefined || !/^\s*bytes=/i.test(header)) return undefined;
+  const suffix = /^bytes=-(\d{1,15})$/i.exec(header.trim());
+  if (suffix) {
+    const n = Number(suffix[1]);
+    if (n === 0 || size === 0) return null;
+    return { start: Math.max(0, size - n), end: size - 1 };
+  }
+  const m = /^bytes=(\d{1,15})-(\d{0,15})$/i.exec(header.trim());
   if (!m) return null;
   const start = Number(m[1]);
   const end = m[2] === '' ? size - 1 : Math.min(Number(m[2]), size - 1);
@@ -63,6 +72,8 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
     const t = now();
     const token = randomBytes(32).toString('base64url');
     const jobId = randomUUID();
+    const base = config.firmware.baseUrl ?? config.http.publicUrl ?? `${req.protocol}://${req.headers.host ?? ''}`;
+    const url = `${base.replace(/\/+$/, '')}/0/firmware/jobs/${jobId}/image`;
     const outcome = await store.write(() => {
       if (metaValue(ctx, id, 'd', 'mode') !== 'connected') return 'not-connected-mode' as const;
       if (metaValue(ctx, id, 'meta', 'state') !== 'connected') return 'not-connected' as const;
@@ -85,6 +96,7 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
         token,
         tokenExpires: t + config.firmware.tokenHours * 3_600_000,
         createdAt: t,
+        url,
       });
       return 'started' as const;
     });
@@ -92,7 +104,6 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
       log.info({ event: 'fw.start_refused', deviceId: id, name: image.name, reason: outcome });
       throw new ApiError('device-fwup-start-fail');
     }
-    const base = config.firmware.baseUrl ?? config.http.publicUrl ?? `${req.protocol}://${req.headers.host ?? ''}`;
     const sent = ctx.devices.sendDown(id, 'down/fw', {
       id: randomUUID(),
       action: 'start',
@@ -101,7 +112,7 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
       version: image.version,
       // The platform the image was signed for: the agent checks the signature over exactly these fields.
       platform: image.platform,
-      url: `${base.replace(/\/+$/, '')}/0/firmware/jobs/${jobId}/image`,
+      url,
       token,
       size: image.size,
       sha256: image.sha256,

@@ -5,7 +5,7 @@ import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
-import { FIRMWARE_JOB_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
+import { FIRMWARE_JOB_MIGRATION, FIRMWARE_JOB_URL_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
 import {
   type BridgeStore,
   type Frontend,
@@ -74,6 +74,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   COMMAND_MIGRATION,
   FIRMWARE_MIGRATION,
   FIRMWARE_JOB_MIGRATION,
+  FIRMWARE_JOB_URL_MIGRATION,
 ];
 
 interface FrontendRow {

@@ -141,7 +141,7 @@ describe('firmware jobs on the bridge', () => {
   it('answers the start checks with the tokens of the specification', async () => {
     const start = (name: string) => http.post(`/0/devices/${id}/fw/${name}`);
     expect((await start('no/such/image')).body).toBe('device-fwup-name-fail');
-    expect((await start('gateways/../rootfs-7')).body).toBe('device-fwup-name-fail');
+    expect((await start('gateways%2F..%2Frootfs-7')).body).toBe('device-fwup-name-fail');
     // Not an image for this platform.
     expect((await start('other/arm')).body).toBe('device-fwup-start-fail');
     // Not in mode connected.
@@ -167,5 +167,71 @@ describe('firmware jobs on the bridge', () => {
     expect((await other.request('DELETE', `/0/devices/${id}/fw`)).body).toBe('firmware-fail');
     // And with all in order, it starts.
     expect((await start(NAME)).body).toBe('device-ok');
+  });
+
+  it('sends an open job again on every hello, with a new token; a cancelled one as a cancel', async () => {
+    const open = live.bridge.store.fwJobs.openOf(id);
+    if (!open) throw new Error('the previous test leaves a job open');
+    const first = await until(() => {
+      const starts = fw.filter((m) => m.action === 'start' && m.job === open.id);
+      return starts.length > 0 ? starts : undefined;
+    }, 'the start');
+    expect(first).toHaveLength(1);
+    const hello = () =>
+      publish('up/hello', {
+        id: messageId(),
+        protocol: 1,
+        deviceId: id,
+        authcode: 'ab'.repeat(16),
+        platform: 'linux-x64',
+        agentVersion: '0.1.0',
+        fwVersion: '6',
+        mode: 'connected',
+        bootTime: Date.now(),
+        ts: Date.now(),
+      });
+    await hello();
+    const again = await until(() => {
+      const starts = fw.filter((m) => m.action === 'start' && m.job === open.id);
+      return starts.length === 2 ? starts[1] : undefined;
+    }, 'the job sent again');
+    if (again.action !== 'start' || first[0]!.action !== 'start') throw new Error('not a start');
+    expect(again).toMatchObject({ name: NAME, url: first[0]!.url, sha256: first[0]!.sha256 });
+    expect(again.token).not.toBe(first[0]!.token);
+    // The new token opens the image, and so does the one it replaced (a download under way goes on); after one
+    // more resend, the first one stops working.
+    const opens = async (token: string) =>
+      (await fetch(again.url, { headers: { authorization: `Bearer ${token}` } })).status;
+    expect(await opens(again.token)).toBe(200);
+    expect(await opens(first[0]!.token)).toBe(200);
+    await hello();
+    const third = await until(() => {
+      const starts = fw.filter((m) => m.action === 'start' && m.job === open.id);
+      return starts.length === 3 ? starts[2] : undefined;
+    }, 'the job sent a third time');
+    if (third.action !== 'start') throw new Error('not a start');
+    expect(await opens(first[0]!.token)).toBe(401);
+    expect(await opens(again.token)).toBe(200);
+    expect(await opens(third.token)).toBe(200);
+
+    // Cancelled while the device does not answer: the next hello carries the cancel, not the start.
+    await fwstate('downloading');
+    expect((await http.request('DELETE', `/0/devices/${id}/fw`)).body).toBe('firmware-ok');
+    const cancels = () => fw.filter((m) => m.action === 'cancel' && m.job === open.id).length;
+    await until(() => cancels() === 1, 'the cancel');
+    await hello();
+    await until(() => cancels() === 2, 'the cancel sent again');
+    expect(fw.filter((m) => m.action === 'start' && m.job === open.id)).toHaveLength(3);
+    await fwstate('cancelled');
+    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    // With no open job, a hello sends nothing.
+    const before = fw.length;
+    await hello();
+    await until(
+      () => live.bridge.store.devices.getVar(id, 'meta', 'state')?.value?.toString() === 'connected',
+      'hello',
+    );
+    await fwstate('idle');
+    expect(fw.length).toBe(before);
   });
 });

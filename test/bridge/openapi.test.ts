@@ -1,12 +1,13 @@
 /**
  * The API document (`GET /0/openapi.json`) against the routes it describes: every route the app registers is
  * in it; every route, driven through each of its outcomes, answers only statuses and tokens the document lists,
- * and answers every status the document lists for it; and the request schemas in it reject what the routes
- * reject. The device routes are driven against devices written into the bridge's store, as the MQTT side would
- * write them.
+ * and answers every status the document lists for it, with each token listed under it; and the request schemas
+ * in it reject what the routes reject. The device routes are driven against devices written into the bridge's
+ * store, as the MQTT side would write them; the firmware job routes against devices that report through the
+ * bridge's device side, with a link that records what goes down to them.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
-import { readFileSync, readdirSync, rmSync } from 'node:fs';
+import { generateKeyPairSync, randomBytes, randomUUID } from 'node:crypto';
+import { readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -15,10 +16,23 @@ import { HasherBusyError, PasswordHasher } from '../../bridge/accounts/password.
 import { buildApp } from '../../bridge/app.js';
 import { ensureDefaultFrontend } from '../../bridge/cli.js';
 import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
+import type { UpMessage } from '../../bridge/devices/link.js';
+import { DeviceService } from '../../bridge/devices/service.js';
+import { importImage } from '../../bridge/firmware/catalog.js';
 import { createMailer } from '../../bridge/mail/mailer.js';
 import { OPENAPI_PATH, buildOpenApi } from '../../bridge/openapi.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
+import {
+  type DownTopic,
+  type FwMessage,
+  type Payloads,
+  decode,
+  encode,
+  messageId,
+  signFirmware,
+  verifyFirmware,
+} from '../../protocol/index.js';
 import { LogSink, tempDir } from '../support/agent.js';
 import { type TestBridge, startTestBridge } from '../support/bridge.js';
 
@@ -49,6 +63,9 @@ interface Doc {
     securitySchemes: Record<string, Json>;
   };
 }
+
+/** The route devices download a firmware image from: no frontend, no session. */
+const IMAGE_OP = 'downloadFirmwareImage';
 
 /** Statuses every route documents that these tests cannot bring about on demand: a crash, and a shutdown. */
 const NOT_PROVOKED = ['500', '503'];
@@ -119,11 +136,15 @@ interface Call {
   raw?: { type: string; body: string | Buffer };
   cookie?: string;
   accept?: string;
+  /** Further request headers (a device's `Authorization`, a `Range`). */
+  headers?: Record<string, string>;
 }
 
 interface Answer {
   status: number;
   body: string;
+  /** The body as sent, for answers that are bytes. */
+  bytes: Buffer;
   type: string;
   headers: Record<string, unknown>;
   /** The `sid` value this answer set, if any. */
@@ -145,6 +166,7 @@ async function call(app: FastifyInstance, c: Call): Promise<Answer> {
   }
   if (c.cookie) headers.cookie = `sid=${c.cookie}`;
   if (c.accept) headers.accept = c.accept;
+  Object.assign(headers, c.headers);
   const res = await app.inject({
     method: c.method ?? 'POST',
     url: c.url,
@@ -156,6 +178,7 @@ async function call(app: FastifyInstance, c: Call): Promise<Answer> {
   return {
     status: res.statusCode,
     body: res.body,
+    bytes: res.rawPayload,
     type: String(res.headers['content-type'] ?? '').split(';')[0]!,
     headers: res.headers,
     sid,
@@ -254,7 +277,12 @@ function operation(method: string, path: string): Operation {
 function expectDocumented(op: Operation, answer: Answer, label: string): void {
   const documented = op.responses[String(answer.status)];
   expect(documented, `${label}: status ${answer.status} (${answer.body.slice(0, 60)}) is documented`).toBeDefined();
-  const media = documented!.content?.[answer.type];
+  if (documented!.content === undefined) {
+    // A status the document gives no body to: the answer has none.
+    expect(answer.body, `${label}: no body`).toBe('');
+    return;
+  }
+  const media = documented!.content[answer.type];
   expect(media, `${label}: ${answer.type} is documented for ${answer.status}`).toBeDefined();
   if (answer.type === 'text/plain' && media!.schema.enum) {
     expect(media!.schema.enum, `${label}: token`).toContain(answer.body);
@@ -273,6 +301,9 @@ function expectDocumented(op: Operation, answer: Answer, label: string): void {
   if (answer.sid !== undefined) {
     expect(documented!.headers?.['Set-Cookie'], `${label}: Set-Cookie is documented`).toBeDefined();
   }
+  if (answer.headers['content-range'] !== undefined) {
+    expect(documented!.headers?.['Content-Range'], `${label}: Content-Range is documented`).toBeDefined();
+  }
 }
 
 interface Case {
@@ -283,23 +314,32 @@ interface Case {
   run: () => Promise<Answer>;
 }
 
+/** Whether an operation reads the frontend (the `app` parameter); the routes devices call do not. */
+const takesFrontend = (op: Operation) => op.parameters.some((p) => p.$ref === '#/components/parameters/app');
+
 /**
- * Runs a route's cases, checks each against the document, then that the document lists no status they missed.
- * `url` is a path the route serves, for a path with parameters.
+ * Runs a route's cases, checks each against the document, then that the document lists no status they missed,
+ * nor a plain-text token under a status they brought about. `url` is a path the route serves, for a path with
+ * parameters.
  */
 async function driveRoute(method: Method, path: string, cases: Case[], url = path): Promise<void> {
   const op = operation(method, path);
   const unknownFrontend = `${url}${url.includes('?') ? '&' : '?'}app=${randomUUID()}`;
   const all: Case[] = [
     ...cases,
-    {
-      name: 'an unknown frontend',
-      status: 404,
-      token: 'not found',
-      run: () => call(main.app, { method, url: unknownFrontend }),
-    },
+    ...(takesFrontend(op)
+      ? [
+          {
+            name: 'an unknown frontend',
+            status: 404,
+            token: 'not found',
+            run: () => call(main.app, { method, url: unknownFrontend }),
+          },
+        ]
+      : []),
   ];
   const seen = new Set<string>();
+  const tokens = new Set<string>();
   for (const c of all) {
     const answer = await c.run();
     const label = `${method} ${path}, ${c.name}`;
@@ -307,9 +347,16 @@ async function driveRoute(method: Method, path: string, cases: Case[], url = pat
     if (c.token !== undefined) expect(answer.body, label).toBe(c.token);
     expectDocumented(op, answer, label);
     seen.add(String(answer.status));
+    if (answer.type === 'text/plain') tokens.add(`${answer.status} ${answer.body}`);
   }
   const expected = [...new Set([...seen, ...NOT_PROVOKED])].sort();
   expect(Object.keys(op.responses).sort(), `${method} ${path}: documented statuses`).toEqual(expected);
+  // Nor a token under a status they brought about.
+  const missed = Object.entries(op.responses)
+    .filter(([status]) => seen.has(status))
+    .flatMap(([status, r]) => ((r.content?.['text/plain']?.schema.enum ?? []) as string[]).map((t) => `${status} ${t}`))
+    .filter((t) => !tokens.has(t));
+  expect(missed, `${method} ${path}: documented tokens never answered`).toEqual([]);
 }
 
 let users = 0;
@@ -375,8 +422,8 @@ describe('the document', () => {
     expect(doc.components.parameters.app).toMatchObject({ name: 'app', in: 'query' });
     expect(JSON.stringify(doc.servers)).toContain('{frontend}');
     for (const ops of Object.values(doc.paths)) {
-      for (const op of Object.values(ops))
-        expect(op.parameters).toContainEqual({ $ref: '#/components/parameters/app' });
+      // Every route but the image a device downloads, which reads no frontend.
+      for (const op of Object.values(ops)) expect(takesFrontend(op), op.operationId).toBe(op.operationId !== IMAGE_OP);
     }
   });
 
@@ -1280,6 +1327,563 @@ describe('the firmware route answers what the document lists', () => {
       },
       { name: 'no session', status: 401, token: 'no-session', run: get() },
     ]);
+  });
+});
+
+/** A message the bridge hands its link for a device, as the device decodes it. */
+type DownMessage = { [K in DownTopic]: { deviceId: string; name: K; payload: Payloads[K] } }[DownTopic];
+
+/**
+ * The main bridge (its store, config and clock) served by a second app whose device side has a link, as
+ * `devcloud-bridge run` attaches one: the main app has none, so it could start no update. What goes down is
+ * encoded and decoded as on the wire and recorded, and refused while `link.up` is false. `report` hands the
+ * device side a message a device published, as the link does.
+ */
+interface LinkedApp {
+  app: FastifyInstance;
+  sent: DownMessage[];
+  link: { up: boolean };
+  report(msg: UpMessage): Promise<void>;
+  close(): Promise<void>;
+}
+
+async function startLinkedApp(): Promise<LinkedApp> {
+  const log = createLogger({ level: 'silent', pretty: 'never', base: {}, destination: new LogSink() });
+  const devices = new DeviceService({
+    store: main.store,
+    log,
+    now: main.clock.now,
+    nearbyWindowMs: main.config.devices.nearbyWindowMs,
+    lastActivityMs: main.config.devices.lastActivityMs,
+  });
+  const sent: DownMessage[] = [];
+  const link = { up: true };
+  devices.attach((deviceId, name, payload) => {
+    if (!link.up) return false;
+    const decoded = decode(name, encode(name, payload));
+    if (!decoded.ok) throw new Error(`${name} to ${deviceId} is not what the topic carries: ${decoded.reason}`);
+    sent.push({ deviceId, name, payload: decoded.value } as DownMessage);
+    return true;
+  });
+  const hasher = new PasswordHasher({ params: { logN: 10, r: 8, p: 1 }, maxConcurrent: 1, maxQueued: 1 });
+  const app = buildApp({
+    config: main.config,
+    store: main.store,
+    hasher,
+    mailer: main.mailer,
+    log,
+    now: main.clock.now,
+    devices,
+  });
+  await app.ready();
+  return {
+    app,
+    sent,
+    link,
+    async report(msg) {
+      await devices.handle(msg);
+      // `handle` never throws: a failure shows as a count.
+      expect(devices.counters.failed, `${msg.name} from ${msg.deviceId} was handled`).toBe(0);
+    },
+    close: () => app.close(),
+  };
+}
+
+describe('every firmware job route answers what the document lists', () => {
+  const NAME = 'gateways/linux-x64/rootfs-7';
+  /** For devices that run another platform. */
+  const ARM = 'gateways/linux-arm64/rootfs-7';
+  /** A name `devcloud-bridge firmware add` refuses, recorded here anyway: only the name check can refuse it. */
+  const DOTTED = 'gateways/../rootfs-7';
+  const IMAGE = randomBytes(64 * 1024);
+  let sha256 = '';
+  /** The key the catalog's images are signed with, as a device holds it. */
+  let publicKey = '';
+  let linked: LinkedApp;
+  let owner: { sid: string; id: number };
+  let stranger: { sid: string; id: number };
+  /** The time of the next `d` `mode` a device reports: newer than any before. */
+  let modeTime = 0;
+
+  type FwStart = Extract<FwMessage, { action: 'start' }>;
+  /** The `down/fw` messages sent to a device, oldest first. */
+  const fwSent = (deviceId: string): FwMessage[] =>
+    linked.sent.flatMap((m) => (m.deviceId === deviceId && m.name === 'down/fw' ? [m.payload] : []));
+  const lastStart = (deviceId: string): FwStart => {
+    const m = fwSent(deviceId).at(-1);
+    if (m?.action !== 'start') throw new Error(`no start went to ${deviceId}`);
+    return m;
+  };
+  const openJob = (deviceId: string) => main.store.fwJobs.openOf(deviceId);
+
+  const reportMeta = (deviceId: string, meta: Record<string, string>) =>
+    linked.report({ deviceId, name: 'up/meta', payload: { id: messageId(), ts: main.clock.now(), meta } });
+  const reportState = (deviceId: string, state: 'online' | 'offline') =>
+    linked.report({ deviceId, name: 'state', payload: state });
+  const reportMode = (deviceId: string, mode: 'connected' | 'master') =>
+    linked.report({
+      deviceId,
+      name: 'up/vars',
+      payload: {
+        id: messageId(),
+        items: [{ kind: 'push', type: 'd', name: 'mode', value: mode, time: ++modeTime, origin: 'device' }],
+      },
+    });
+
+  /**
+   * A device on linux-x64 as its hello leaves it, online and in mode connected, claimed by `owner` (through the
+   * API) unless `claim` is false.
+   */
+  async function fwDevice(opts: { claim?: boolean } = {}): Promise<SeededDevice> {
+    const id = randomUUID();
+    const authcode = randomBytes(16).toString('hex');
+    const t = main.clock.now();
+    await reportState(id, 'online');
+    await linked.report({
+      deviceId: id,
+      name: 'up/hello',
+      payload: {
+        id: messageId(),
+        protocol: 1,
+        deviceId: id,
+        authcode,
+        platform: 'linux-x64',
+        agentVersion: '0.1.0',
+        fwVersion: '6',
+        mode: 'connected',
+        bootTime: t,
+        ts: t,
+      },
+    });
+    await reportMode(id, 'connected');
+    if (opts.claim !== false) {
+      const r = await call(main.app, { url: '/0/devices/', form: { auth: authcode }, cookie: owner.sid });
+      expect(r.status).toBe(201);
+    }
+    return { id, authcode };
+  }
+
+  /** Starts an update of `NAME` on a device; the start message it sent. */
+  async function startJob(deviceId: string): Promise<FwStart> {
+    const r = await call(linked.app, { url: `/0/devices/${deviceId}/fw/${NAME}`, cookie: owner.sid });
+    expect([r.status, r.body]).toEqual([200, 'device-ok']);
+    return lastStart(deviceId);
+  }
+
+  /** Past the token lifetime of every job started so far. */
+  const expireTokens = () => main.clock.advance(main.config.firmware.tokenHours * 3_600_000 + 1);
+
+  beforeAll(async () => {
+    linked = await startLinkedApp();
+    modeTime = main.clock.now();
+    owner = await deviceUser();
+    stranger = await deviceUser();
+    // The catalog: the image's file as `devcloud-bridge firmware add` imports it, under three records.
+    const dir = tempDir('devcloud-openapi-fw-');
+    const file = join(dir, 'image.bin');
+    writeFileSync(file, IMAGE);
+    const imported = await importImage(main.store.firmware.imageDir, file);
+    rmSync(dir, { recursive: true, force: true });
+    sha256 = imported.sha256;
+    const keys = generateKeyPairSync('ed25519');
+    const key = keys.privateKey.export({ type: 'pkcs8', format: 'pem' });
+    publicKey = keys.publicKey.export({ type: 'spki', format: 'pem' }).toString();
+    for (const [name, platform] of [
+      [NAME, 'linux-x64'],
+      [DOTTED, 'linux-x64'],
+      [ARM, 'linux-arm64'],
+    ] as const) {
+      const identity = { name, platform, version: 7, size: imported.size, sha256 };
+      main.store.firmware.add({
+        ...identity,
+        from: [platform],
+        // Another platform afterwards: the one the image is built for is what its signature covers.
+        toPlatform: `${platform}-r7`,
+        signature: signFirmware(identity, key),
+        addedAt: main.clock.now(),
+      });
+    }
+  });
+
+  afterAll(async () => {
+    await linked?.close();
+  });
+
+  for (const prefix of ['fw', 'firmware']) {
+    it(`POST /0/devices/{id}/${prefix}/{image}`, async () => {
+      const dev = await fwDevice();
+      const nearby = await fwDevice({ claim: false });
+      await main.store.write(() => main.store.devices.heard(nearby.id, owner.id, main.clock.now()));
+      const base = `/0/devices/${dev.id}/${prefix}`;
+      const post =
+        (url: string, sid: string | null = owner.sid) =>
+        () =>
+          call(linked.app, { url, ...(sid ? { cookie: sid } : {}) });
+      /**
+       * A start refused for one reason: nothing went to the device and no job is open; once `undo` takes the
+       * reason away, the start (or `retry`, the same but for the reason) answers 200, and that job is ended.
+       */
+      const refusedFor = async (
+        start: () => Promise<Answer>,
+        undo: () => Promise<void> | void,
+        retry = start,
+      ): Promise<Answer> => {
+        const sent = fwSent(dev.id).length;
+        const r = await start();
+        expect(fwSent(dev.id), 'nothing went to the device').toHaveLength(sent);
+        expect(openJob(dev.id), 'no job is open').toBeUndefined();
+        await undo();
+        expect((await retry()).body, 'the start once the reason is gone').toBe('device-ok');
+        await reportMeta(dev.id, { fwstate: 'failed' });
+        expect(openJob(dev.id)).toBeUndefined();
+        return r;
+      };
+      const startIt = post(`${base}/${NAME}`);
+      let expired = '';
+      await driveRoute(
+        `POST`,
+        `/0/devices/{id}/${prefix}/{image}`,
+        [
+          {
+            name: 'an image in the catalog, its name with slashes',
+            status: 200,
+            token: 'device-ok',
+            run: async () => {
+              const r = await post(`${base}/${NAME}`)();
+              const start = lastStart(dev.id);
+              expect(start).toMatchObject({
+                name: NAME,
+                version: 7,
+                platform: 'linux-x64',
+                size: IMAGE.length,
+                sha256,
+              });
+              // What the agent checks before it downloads: the signature over the fields the start names.
+              expect(verifyFirmware(start, start.signature, [publicKey])).toBe(0);
+              expect(new URL(start.url).pathname).toBe(`/0/firmware/jobs/${start.job}/image`);
+              expect(openJob(dev.id)).toMatchObject({ id: start.job, name: NAME, cancelled: false });
+              return r;
+            },
+          },
+          {
+            name: 'an update running: the open job',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: async () => {
+              const sent = fwSent(dev.id).length;
+              const r = await post(`${base}/${NAME}`)();
+              expect(fwSent(dev.id)).toHaveLength(sent);
+              return r;
+            },
+          },
+          {
+            name: 'an update running: the device reports one, with no job open',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: async () => {
+              await reportMeta(dev.id, { fwstate: 'cancelled' });
+              expect(openJob(dev.id)).toBeUndefined();
+              await reportMeta(dev.id, { fwstate: 'downloading' });
+              return refusedFor(startIt, () => reportMeta(dev.id, { fwstate: 'failed' }));
+            },
+          },
+          {
+            name: 'the job cannot be handed to the link',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: async () => {
+              linked.link.up = false;
+              // The job ends at once: nothing is running.
+              return refusedFor(startIt, () => {
+                linked.link.up = true;
+              });
+            },
+          },
+          {
+            name: 'not connected in d mode',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: async () => {
+              await reportMode(dev.id, 'master');
+              return refusedFor(startIt, () => reportMode(dev.id, 'connected'));
+            },
+          },
+          {
+            name: 'not connected in meta state',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: async () => {
+              await reportState(dev.id, 'offline');
+              expect(main.store.devices.getVar(dev.id, 'meta', 'state')?.value?.toString()).toBe('disconnected');
+              return refusedFor(startIt, () => reportState(dev.id, 'online'));
+            },
+          },
+          {
+            name: 'a platform the image does not update from',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: () => refusedFor(post(`${base}/${ARM}`), () => undefined, startIt),
+          },
+          {
+            name: 'a nearby device with no owner, by auth code',
+            status: 200,
+            token: 'device-ok',
+            run: async () => {
+              const r = await post(`/0/devices/${nearby.authcode}/${prefix}/${NAME}`)();
+              expect(lastStart(nearby.id).name).toBe(NAME);
+              return r;
+            },
+          },
+          {
+            name: 'an unknown name',
+            status: 400,
+            token: 'device-fwup-name-fail',
+            run: post(`${base}/gateways/linux-x64/rootfs-8`),
+          },
+          {
+            // Its slashes encoded, so that no client resolves the `..` away before the route reads it.
+            name: 'a name with .. in it, though in the catalog',
+            status: 400,
+            token: 'device-fwup-name-fail',
+            run: post(`${base}/${DOTTED.replaceAll('/', '%2F')}`),
+          },
+          {
+            name: 'a path with a .. segment, which the client resolves: an unknown name',
+            status: 400,
+            token: 'device-fwup-name-fail',
+            run: post(`${base}/${DOTTED}`),
+          },
+          {
+            name: 'with all in order again',
+            status: 200,
+            token: 'device-ok',
+            run: async () => {
+              const r = await startIt();
+              expired = lastStart(dev.id).job;
+              return r;
+            },
+          },
+          {
+            name: 'a job whose token expired while the device reports nothing running',
+            status: 200,
+            token: 'device-ok',
+            run: async () => {
+              expireTokens();
+              const r = await post(`${base}/${NAME}`)();
+              expect(main.store.fwJobs.get(expired)).toMatchObject({ open: false, outcome: 'abandoned' });
+              expect(openJob(dev.id)?.id).toBe(lastStart(dev.id).job);
+              return r;
+            },
+          },
+          {
+            name: "another user's device",
+            status: 400,
+            token: 'device-fail',
+            run: post(`${base}/${NAME}`, stranger.sid),
+          },
+          {
+            name: 'an unknown device',
+            status: 400,
+            token: 'device-fail',
+            run: post(`/0/devices/${randomUUID()}/${prefix}/${NAME}`),
+          },
+          {
+            name: 'malformed JSON',
+            status: 400,
+            token: 'device-fwup-start-fail',
+            run: () => call(linked.app, { url: `${base}/${NAME}`, raw: MALFORMED_JSON, cookie: owner.sid }),
+          },
+          { name: 'no session', status: 401, token: 'no-session', run: post(`${base}/${NAME}`, null) },
+        ],
+        `${base}/${NAME}`,
+      );
+    });
+
+    it(`DELETE /0/devices/{id}/${prefix}`, async () => {
+      const before = await fwDevice();
+      const after = await fwDevice();
+      const idle = await fwDevice();
+      const job = (await startJob(before.id)).job;
+      await startJob(after.id);
+      await reportMeta(before.id, { fwstate: 'downloading', fwprogress: '40' });
+      const del =
+        (id: string, sid: string | null = owner.sid) =>
+        () =>
+          call(linked.app, { method: 'DELETE', url: `/0/devices/${id}/${prefix}`, ...(sid ? { cookie: sid } : {}) });
+      const afterSwitch = (fwstate: string): Case => ({
+        name: `after the switch: ${fwstate}`,
+        status: 400,
+        token: 'firmware-fail',
+        run: async () => {
+          await reportMeta(after.id, { fwstate });
+          const sent = fwSent(after.id).length;
+          const r = await del(after.id)();
+          expect(fwSent(after.id)).toHaveLength(sent);
+          return r;
+        },
+      });
+      await driveRoute(
+        'DELETE',
+        `/0/devices/{id}/${prefix}`,
+        [
+          {
+            name: 'the cancel cannot be handed to the link',
+            status: 400,
+            token: 'firmware-fail',
+            run: async () => {
+              linked.link.up = false;
+              const r = await del(before.id)();
+              linked.link.up = true;
+              expect(main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: false });
+              return r;
+            },
+          },
+          {
+            name: 'before the switch',
+            status: 200,
+            token: 'firmware-ok',
+            run: async () => {
+              const r = await del(before.id)();
+              expect(fwSent(before.id).at(-1)).toMatchObject({ action: 'cancel', job });
+              expect(main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: true });
+              return r;
+            },
+          },
+          afterSwitch('switching'),
+          afterSwitch('restarting'),
+          afterSwitch('committing'),
+          afterSwitch('rollingback'),
+          { name: 'nothing running', status: 400, token: 'firmware-fail', run: del(idle.id) },
+          {
+            name: 'the device confirmed the cancel: nothing running',
+            status: 400,
+            token: 'firmware-fail',
+            run: async () => {
+              await reportMeta(before.id, { fwstate: 'cancelled' });
+              expect(main.store.fwJobs.get(job)).toMatchObject({ open: false, outcome: 'cancelled' });
+              return del(before.id)();
+            },
+          },
+          { name: "another user's device", status: 400, token: 'firmware-fail', run: del(after.id, stranger.sid) },
+          {
+            name: 'malformed JSON',
+            status: 400,
+            token: 'firmware-fail',
+            run: () =>
+              call(linked.app, {
+                method: 'DELETE',
+                url: `/0/devices/${before.id}/${prefix}`,
+                raw: MALFORMED_JSON,
+                cookie: owner.sid,
+              }),
+          },
+          { name: 'no session', status: 401, token: 'no-session', run: del(before.id, null) },
+        ],
+        `/0/devices/${before.id}/${prefix}`,
+      );
+    });
+  }
+
+  it('GET /0/firmware/jobs/{job}/image', async () => {
+    const dev = await fwDevice();
+    const other = await fwDevice();
+    const ended = await fwDevice();
+    const start = await startJob(dev.id);
+    const otherStart = await startJob(other.id);
+    const endedStart = await startJob(ended.id);
+    await reportMeta(ended.id, { fwstate: 'failed' });
+    const path = new URL(start.url).pathname;
+    const auth = `Bearer ${start.token}`;
+    const get =
+      (headers: Record<string, string>, url = path) =>
+      () =>
+        call(linked.app, { method: 'GET', url, headers });
+    const size = IMAGE.length;
+    /** A 200 or 206 with these bytes of the image. */
+    const bytes = (from: number, to: number, run: () => Promise<Answer>) => async () => {
+      const r = await run();
+      expect(r.bytes.equals(IMAGE.subarray(from, to + 1)), 'the bytes of the image').toBe(true);
+      expect(r.headers['accept-ranges']).toBe('bytes');
+      expect(r.headers['cache-control']).toBe('no-store');
+      expect(Number(r.headers['content-length'])).toBe(to - from + 1);
+      if (r.status === 206) expect(r.headers['content-range']).toBe(`bytes ${from}-${to}/${size}`);
+      return r;
+    };
+    const unsatisfiable = (range: string): Case => ({
+      name: `Range: ${range}`,
+      status: 416,
+      run: async () => {
+        const r = await get({ authorization: auth, range })();
+        expect(r.headers['content-range']).toBe(`bytes */${size}`);
+        return r;
+      },
+    });
+    const refused = (name: string, run: () => Promise<Answer>): Case => ({
+      name,
+      status: 401,
+      token: 'unauthorized',
+      run,
+    });
+    await driveRoute(
+      'GET',
+      '/0/firmware/jobs/{job}/image',
+      [
+        { name: 'the whole image', status: 200, run: bytes(0, size - 1, get({ authorization: auth })) },
+        {
+          name: 'the job uuid in upper case, and an app that names no frontend: the route reads none',
+          status: 200,
+          run: bytes(
+            0,
+            size - 1,
+            get({ authorization: auth }, `/0/firmware/jobs/${start.job.toUpperCase()}/image?app=${randomUUID()}`),
+          ),
+        },
+        {
+          name: 'Range: bytes=1000-',
+          status: 206,
+          run: bytes(1000, size - 1, get({ authorization: auth, range: 'bytes=1000-' })),
+        },
+        {
+          name: 'Range: bytes=10-19',
+          status: 206,
+          run: bytes(10, 19, get({ authorization: auth, range: 'bytes=10-19' })),
+        },
+        {
+          name: 'a range past the end, cut at it',
+          status: 206,
+          run: bytes(size - 5, size - 1, get({ authorization: auth, range: `bytes=${size - 5}-${size + 100}` })),
+        },
+        {
+          name: 'Range: bytes=-100, the last 100 bytes',
+          status: 206,
+          run: bytes(size - 100, size - 1, get({ authorization: auth, range: 'bytes=-100' })),
+        },
+        {
+          name: 'a Range in another unit is ignored: the whole image',
+          status: 200,
+          run: bytes(0, size - 1, get({ authorization: auth, range: 'items=0-1' })),
+        },
+        unsatisfiable('bytes=-0'),
+        unsatisfiable(`bytes=${size}-`),
+        unsatisfiable('bytes=20-10'),
+        unsatisfiable('bytes=0-1,5-6'),
+        refused('a wrong token', get({ authorization: `Bearer ${randomBytes(32).toString('base64url')}` })),
+        refused('no token', get({})),
+        refused('another scheme', get({ authorization: `Basic ${start.token}` })),
+        refused("another open job's token", get({ authorization: `Bearer ${otherStart.token}` })),
+        refused('an unknown job', get({ authorization: auth }, `/0/firmware/jobs/${randomUUID()}/image`)),
+        refused('a job that is not a uuid', get({ authorization: auth }, '/0/firmware/jobs/latest/image')),
+        refused(
+          'a job that ended',
+          get({ authorization: `Bearer ${endedStart.token}` }, new URL(endedStart.url).pathname),
+        ),
+        refused('an expired token', () => {
+          expireTokens();
+          return get({ authorization: auth })();
+        }),
+      ],
+      path,
+    );
   });
 });
 
