@@ -17,8 +17,7 @@ import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
 import { type AgentConfig, socketPath } from './config.js';
 import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue.js';
 import { CommandRunner } from './commands/runner.js';
-import { DEFAULT_RETRY } from './fw/download.js';
-import { FirmwareUpdater } from './fw/updater.js';
+import { type FirmwareUpdater, updaterFor } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
 import { AGENT_MIGRATIONS } from './migrations.js';
 import type { CommandJson, QueueJson } from './local/messages.js';
@@ -114,37 +113,19 @@ export class Agent {
     });
     this.queue = new CommandQueue(this.db);
     const cmd = config.commands;
-    const uplink = this.uplink;
-    this.firmware = new FirmwareUpdater({
+    this.firmware = updaterFor(config, {
       db: this.db,
-      config: { ...config.firmware, slotsDir: config.firmware.slotsDir ?? join(config.stateDir, 'slots') },
-      imageDir: join(config.stateDir, 'fw'),
-      baseVersion: config.fwVersion,
-      rebootCommand: cmd.rebootCommand,
-      reporter: {
-        publish: (payload, onAck) => uplink.publish('up/meta', payload, onAck),
-        get connected() {
-          return uplink.connected;
-        },
-      },
+      reporter: this.uplink.reporter('up/meta'),
       restartAgent: () => {
         void this.stop().then(() => this.onRestart());
       },
       log,
       now,
-      ...(config.firmware.downloadRetryDelayMs === undefined
-        ? {}
-        : { retry: { ...DEFAULT_RETRY, baseDelayMs: config.firmware.downloadRetryDelayMs } }),
     });
     this.commands = new CommandRunner({
       queue: this.queue,
       commit: this.commit,
-      reporter: {
-        publish: (payload, onAck) => uplink.publish('up/cmd', payload, onAck),
-        get connected() {
-          return uplink.connected;
-        },
-      },
+      reporter: this.uplink.reporter('up/cmd'),
       actions: {
         identify: () => ({
           deviceId: identity.deviceId,

@@ -85,6 +85,20 @@ export class Uplink extends EventEmitter<UplinkEvents> {
     this.connect();
   }
 
+  /** One topic's publisher, for a part of the agent that reports on it (commands, firmware). */
+  reporter<K extends Exclude<UpTopic, 'state'>>(
+    name: K,
+  ): { publish(payload: Payloads[K], onAck: () => void): boolean; readonly connected: boolean } {
+    // eslint-disable-next-line @typescript-eslint/no-this-alias -- the getter below reads the live state
+    const uplink = this;
+    return {
+      publish: (payload, onAck) => uplink.publish(name, payload, onAck),
+      get connected() {
+        return uplink.connected;
+      },
+    };
+  }
+
   /**
    * Publishes a payload at QoS 1; `false` when not connected (the caller's durable state covers it). The
    * promise-free form keeps the hot path free of allocations per message.

@@ -97,6 +97,7 @@ Try the agent, in another terminal:
   npm run agent -- var watch --socket ${rel(socket)}
   npm run agent -- status --socket ${rel(socket)}
   npm run agent -- queue --socket ${rel(socket)}
+  npm run agent -- fw status --socket ${rel(socket)}    # firmware updates: docs/firmware.md
 
 Watch the MQTT traffic (the embedded broker lets devices touch only their own topics, so this uses the
 bridge's credential, made anew at every start and kept in ${rel(credFile)}, mode 0600):

@@ -10,7 +10,7 @@ import { createLogger } from '../../lib/log.js';
 import { openDatabase } from '../../lib/sqlite.js';
 import type { AgentConfig } from '../config.js';
 import { socketPath } from '../config.js';
-import { FirmwareUpdater } from '../fw/updater.js';
+import { updaterFor } from '../fw/updater.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
 import { AGENT_MIGRATIONS } from '../migrations.js';
 
@@ -91,12 +91,8 @@ async function offline(config: AgentConfig, op: FwOp, io: Out): Promise<Record<s
     destination: process.stderr,
   });
   try {
-    const fw = new FirmwareUpdater({
+    const fw = updaterFor(config, {
       db,
-      config: { ...config.firmware, slotsDir: config.firmware.slotsDir ?? join(config.stateDir, 'slots') },
-      imageDir: join(config.stateDir, 'fw'),
-      baseVersion: config.fwVersion,
-      rebootCommand: config.commands.rebootCommand,
       // Reported by the agent when it next connects: the saved state is the outbox.
       reporter: { publish: () => false, connected: false },
       // The service manager starts the agent after this command (the rollback unit does).

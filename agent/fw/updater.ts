@@ -53,6 +53,24 @@ export interface UpdaterOptions {
   retry?: RetryPolicy;
 }
 
+/** The updater of an agent's state directory and config, as the agent and the offline `fw` commands build it. */
+export function updaterFor(
+  config: AgentConfig,
+  deps: Pick<UpdaterOptions, 'db' | 'reporter' | 'restartAgent' | 'log' | 'now'>,
+): FirmwareUpdater {
+  const fw = config.firmware;
+  return new FirmwareUpdater({
+    ...deps,
+    config: { ...fw, slotsDir: fw.slotsDir ?? join(config.stateDir, 'slots') },
+    imageDir: join(config.stateDir, 'fw'),
+    baseVersion: config.fwVersion,
+    rebootCommand: config.commands.rebootCommand,
+    ...(fw.downloadRetryDelayMs === undefined
+      ? {}
+      : { retry: { ...DEFAULT_RETRY, baseDelayMs: fw.downloadRetryDelayMs } }),
+  });
+}
+
 /** What a state's work came to. `wait`: a restart is under way; this process does nothing more for the job. */
 type Outcome = FwEvent | { type: 'wait' } | { type: 'stopped' };
 
@@ -453,7 +471,7 @@ export class FirmwareUpdater {
       return { type: 'ok' };
     } catch (err) {
       if (this.stopped) return { type: 'stopped' };
-      // The job came again with a new token (the old one stops working) while this attempt used the old one.
+      // The job came again with a new token while this attempt used one the bridge no longer takes: try again.
       if (isDownloadError(err) && err.status === 401 && this.store.byId(job.id)?.token !== job.token) {
         this.o.log.info({ event: 'fw.token_renewed', job: job.id });
         return { type: 'stopped' };

@@ -39,6 +39,19 @@ describe('firmware jobs on the bridge', () => {
     });
     await until(() => live.bridge.store.devices.getVar(id, 'd', 'mode')?.value?.toString() === mode, `mode ${mode}`);
   };
+  const hello = () =>
+    publish('up/hello', {
+      id: messageId(),
+      protocol: 1,
+      deviceId: id,
+      authcode: 'ab'.repeat(16),
+      platform: 'linux-x64',
+      agentVersion: '0.1.0',
+      fwVersion: '6',
+      mode: 'connected',
+      bootTime: Date.now(),
+      ts: Date.now(),
+    });
   const fwstate = async (state: string) => {
     await publish('up/meta', { id: messageId(), ts: Date.now(), meta: { fwstate: state } });
     await until(() => live.bridge.store.devices.getVar(id, 'meta', 'fwstate')?.value?.toString() === state, state);
@@ -69,18 +82,7 @@ describe('firmware jobs on the bridge', () => {
     });
     await device.subscribeAsync(`dc/v1/${id}/down/#`, { qos: 1 });
     await publish('state', 'online');
-    await publish('up/hello', {
-      id: messageId(),
-      protocol: 1,
-      deviceId: id,
-      authcode: 'ab'.repeat(16),
-      platform: 'linux-x64',
-      agentVersion: '0.1.0',
-      fwVersion: '6',
-      mode: 'connected',
-      bootTime: Date.now(),
-      ts: Date.now(),
-    });
+    await hello();
     await until(() => store.devices.device(id)?.authcode, 'the hello');
     await setMode('connected');
 
@@ -177,19 +179,6 @@ describe('firmware jobs on the bridge', () => {
       return starts.length > 0 ? starts : undefined;
     }, 'the start');
     expect(first).toHaveLength(1);
-    const hello = () =>
-      publish('up/hello', {
-        id: messageId(),
-        protocol: 1,
-        deviceId: id,
-        authcode: 'ab'.repeat(16),
-        platform: 'linux-x64',
-        agentVersion: '0.1.0',
-        fwVersion: '6',
-        mode: 'connected',
-        bootTime: Date.now(),
-        ts: Date.now(),
-      });
     await hello();
     const again = await until(() => {
       const starts = fw.filter((m) => m.action === 'start' && m.job === open.id);

@@ -42,6 +42,8 @@ export interface TestAgentOptions {
   /** Extra config, merged over the test defaults. */
   flags?: Record<string, unknown>;
   level?: 'info' | 'debug' | 'warn';
+  /** Called once the agent has stopped for its own restart (firmware `restart: agent`), instead of exiting. */
+  onRestart?: () => void;
 }
 
 export interface TestAgent {
@@ -81,7 +83,7 @@ export async function startAgent(opts: TestAgentOptions): Promise<TestAgent> {
     base: { service: 'devcloud-agent' },
     destination: sink,
   });
-  const agent = await Agent.start({ config, log, env: {} });
+  const agent = await Agent.start({ config, log, env: {}, ...(opts.onRestart ? { onRestart: opts.onRestart } : {}) });
   const socket = join(stateDir, 'agent.sock');
   return {
     agent,
