@@ -167,6 +167,14 @@ export const AgentConfigSchema = z
           .prefault({}),
         /** The longest an install (unpacking, the image's install script, or `installCommand`) may take. */
         installTimeoutMs: z.number().int().min(1000).max(86_400_000).default(600_000),
+        /** The slots installer refuses an image that unpacks to more bytes, or holds more members, than these. */
+        maxUnpackedBytes: z
+          .number()
+          .int()
+          .min(1)
+          .max(Number.MAX_SAFE_INTEGER)
+          .default(4 * 1024 ** 3),
+        maxFiles: z.number().int().min(1).max(10_000_000).default(100_000),
         /**
          * What restarts the new image after the switch (and the old one after a rollback): `none`; `command` runs
          * `restartCommand` (a service restart); `agent` stops the agent with exit status 75 so that its service

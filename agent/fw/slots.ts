@@ -17,7 +17,14 @@ import { z } from 'zod';
 export type SlotName = 'a' | 'b';
 
 export type InstallErrorCode =
-  'bad-layout' | 'bad-archive' | 'unpack-failed' | 'bad-manifest' | 'script-failed' | 'script-timeout' | 'io';
+  | 'bad-layout'
+  | 'bad-archive'
+  | 'too-large'
+  | 'unpack-failed'
+  | 'bad-manifest'
+  | 'script-failed'
+  | 'script-timeout'
+  | 'io';
 
 /** One error class with a stable code, so the firmware job can report `fwerror` without reading message text. */
 export class InstallError extends Error {
@@ -58,6 +65,10 @@ export interface InstallOptions {
   tarTimeoutMs?: number;
   /** Extra environment for the install script, on top of the agent's own. */
   env?: Record<string, string>;
+  /** The most bytes the image may unpack to (the sum of its members' sizes). Default 4 GiB. */
+  maxBytes?: number;
+  /** The most members (files, folders, links) the image may hold. Default 100,000. */
+  maxFiles?: number;
 }
 
 export interface InstallResult {
@@ -67,6 +78,8 @@ export interface InstallResult {
 
 const DEFAULT_SCRIPT_TIMEOUT_MS = 5 * 60_000;
 const DEFAULT_TAR_TIMEOUT_MS = 10 * 60_000;
+const DEFAULT_MAX_BYTES = 4 * 1024 ** 3;
+const DEFAULT_MAX_FILES = 100_000;
 /** Only the tail of a failing process's output goes into the error; the job error must stay short. */
 const OUTPUT_TAIL = 2000;
 
@@ -237,16 +250,33 @@ async function runTar(args: string[], timeoutMs: number, what: string): Promise<
 
 /**
  * Refuses an archive before anything is written if a member could land outside the slot: an absolute name, a
- * `..` segment, or a link whose target is absolute or climbs out with `..`.
+ * `..` segment, or a link whose target is absolute or climbs out with `..`; and one that would unpack to more
+ * than `limits` allow (a small compressed image can hold a huge or countless files).
  */
-async function checkMembers(imagePath: string, timeoutMs: number): Promise<void> {
+async function checkMembers(
+  imagePath: string,
+  timeoutMs: number,
+  limits: { maxBytes: number; maxFiles: number },
+): Promise<void> {
   const names = (await runTar(['-tzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
   for (const name of names) {
     if (!isContainedPath(name.replace(/\/+$/, '') || '.')) {
       throw new InstallError('bad-archive', `the image has a member outside its root: "${name}"`);
     }
   }
+  if (names.length > limits.maxFiles) {
+    throw new InstallError('too-large', `the image holds ${names.length} members, more than ${limits.maxFiles}`);
+  }
   const verbose = (await runTar(['-tvzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
+  let bytes = 0;
+  for (const line of verbose) {
+    // `mode owner/group size date time name`, in GNU and BusyBox tar alike.
+    const size = Number(line.split(/\s+/)[2]);
+    if (Number.isFinite(size)) bytes += size;
+    if (bytes > limits.maxBytes) {
+      throw new InstallError('too-large', `the image unpacks to more than ${limits.maxBytes} bytes`);
+    }
+  }
   for (const line of verbose) {
     const type = line[0];
     if (type !== 'l' && type !== 'h') continue;
@@ -326,7 +356,10 @@ export async function installImage(dir: string, imagePath: string, opts: Install
   await ensureSlots(dir);
   const slot = await inactiveSlot(dir);
   const slotDir = join(dir, slot);
-  await checkMembers(imagePath, tarTimeoutMs);
+  await checkMembers(imagePath, tarTimeoutMs, {
+    maxBytes: opts.maxBytes ?? DEFAULT_MAX_BYTES,
+    maxFiles: opts.maxFiles ?? DEFAULT_MAX_FILES,
+  });
   try {
     await rm(slotDir, { recursive: true, force: true });
     await mkdir(slotDir);

@@ -512,6 +512,8 @@ export class FirmwareUpdater {
       const r = await installImage(cfg.slotsDir, this.imagePath(job), {
         scriptTimeoutMs: cfg.installTimeoutMs,
         tarTimeoutMs: cfg.installTimeoutMs,
+        maxBytes: cfg.maxUnpackedBytes,
+        maxFiles: cfg.maxFiles,
         env: this.jobEnv(job),
       });
       this.o.log.info({ event: 'fw.installed', job: job.id, slot: r.slot, active: from, manifest: r.manifest.name });

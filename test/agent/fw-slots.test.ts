@@ -180,6 +180,22 @@ describe('installImage', () => {
     expect(err.code).toBe('bad-archive');
   });
 
+  it('refuses an image that unpacks to more bytes or members than allowed, before writing anything', async () => {
+    const d = fresh('slots');
+    await ensureSlots(d);
+    writeFileSync(join(d, 'b', 'marker'), 'before');
+    // 2 MB of zeros compress to a few kilobytes: the limit is on what the image unpacks to.
+    const image = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), big: '\0'.repeat(2_000_000) });
+    const big = await installError(installImage(d, image, { maxBytes: 1_000_000 }));
+    expect([big.code, big.message]).toEqual(['too-large', 'the image unpacks to more than 1000000 bytes']);
+    const many = await installError(installImage(d, image, { maxFiles: 1 }));
+    expect(many.code).toBe('too-large');
+    expect(many.message).toMatch(/^the image holds \d+ members, more than 1$/);
+    expect(readdirSync(join(d, 'b'))).toEqual(['marker']);
+    // Within the limits, the same image installs.
+    expect((await installImage(d, image, { maxBytes: 3_000_000, maxFiles: 10 })).slot).toBe('b');
+  });
+
   it('runs the install script in the slot with DEVCLOUD_SLOT', async () => {
     const d = fresh('slots');
     const image = makeImage({
