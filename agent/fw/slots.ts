@@ -11,7 +11,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
-import { isAbsolute, join, normalize, resolve, sep } from 'node:path';
+import { isAbsolute, join, normalize, posix, resolve, sep } from 'node:path';
 import { z } from 'zod';
 
 export type SlotName = 'a' | 'b';
@@ -283,7 +283,13 @@ async function checkMembers(
     const arrow = type === 'l' ? ' -> ' : ' link to ';
     const at = line.lastIndexOf(arrow);
     const target = at < 0 ? '' : line.slice(at + arrow.length);
-    if (!isContainedPath(target)) {
+    // A symbolic link's target is relative to the folder the link is in (`bin/sh -> ../busybox` stays inside);
+    // a hard link's names another member, from the image's root.
+    const fields = /^\S+\s+\S+\s+\S+\s+\S+\s+\S+\s(.*)$/.exec(at < 0 ? '' : line.slice(0, at));
+    const name = fields?.[1] ?? '';
+    const resolved =
+      type === 'l' && !isAbsolute(target) ? posix.normalize(posix.join(posix.dirname(name), target)) : target;
+    if (target === '' || name === '' || !isContainedPath(resolved) || resolved === '..' || resolved.startsWith('../')) {
       throw new InstallError('bad-archive', `the image has a link that leaves its root: ${line}`);
     }
   }

@@ -3,7 +3,7 @@
  * inactive slot, unsafe archives are refused before anything is written, the install script runs with its slot,
  * and switching or rolling back is one atomic rename of the `current` link.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -169,6 +169,18 @@ describe('installImage', () => {
     expect(existsSync(target)).toBe(false);
   });
 
+  it('accepts a link that climbs with .. but stays inside the image', async () => {
+    const d = fresh('slots');
+    const src = fresh('src');
+    mkdirSync(join(src, 'lib'));
+    writeFileSync(join(src, 'manifest.json'), manifest({ name: 'gw', version: 1 }));
+    execFileSync('ln', ['-s', '../manifest.json', join(src, 'lib', 'm')]);
+    const image = join(fresh('img'), 'image.tar.gz');
+    execFileSync('tar', ['-czf', image, '-C', src, 'manifest.json', 'lib']);
+    expect((await installImage(d, image)).slot).toBe('b');
+    expect(readlinkSync(join(d, 'b', 'lib', 'm'))).toBe('../manifest.json');
+  });
+
   it('refuses an archive with a symlink that leaves the image', async () => {
     const d = fresh('slots');
     const src = fresh('src');
@@ -260,5 +272,72 @@ describe('switchSlot and rollbackSlot', () => {
     expect(await rollbackSlot(d)).toBe('a');
     expect(readlinkSync(join(d, 'current'))).toBe('a');
     expect(readdirSync(d).filter((n) => n.includes('.tmp-'))).toEqual([]);
+  });
+});
+
+/**
+ * Gateways often have BusyBox's tar rather than GNU's. The installer reads `tar -tv` listings to check members
+ * and links; with BusyBox as `tar` (a shim first on PATH while the installer runs) it must decide the same.
+ */
+describe('installImage with BusyBox tar', () => {
+  const shim = fresh('busybox-shim');
+  writeFileSync(join(shim, 'tar'), '#!/bin/sh\nexec busybox tar "$@"\n', { mode: 0o755 });
+  async function withBusybox<T>(work: () => Promise<T>): Promise<T> {
+    const path = process.env.PATH;
+    process.env.PATH = `${shim}:${path ?? ''}`;
+    try {
+      return await work();
+    } finally {
+      process.env.PATH = path;
+    }
+  }
+
+  it('is BusyBox that answers as tar', async () => {
+    const r = await withBusybox(async () => spawnSync('tar', ['--help'], { encoding: 'utf8' }));
+    expect(`${r.stdout}${r.stderr}`).toMatch(/BusyBox/);
+  });
+
+  it('installs an image with a link that stays inside it', async () => {
+    const d = fresh('slots');
+    const src = fresh('src');
+    mkdirSync(join(src, 'bin'));
+    writeFileSync(join(src, 'manifest.json'), manifest({ name: 'gw', version: 3 }));
+    writeFileSync(join(src, 'bin', 'app'), 'v3');
+    execFileSync('ln', ['-s', '../manifest.json', join(src, 'bin', 'manifest-link')]);
+    const image = join(fresh('img'), 'image.tar.gz');
+    execFileSync('tar', ['-czf', image, '-C', src, '.']);
+    const r = await withBusybox(() => installImage(d, image));
+    expect(r).toMatchObject({ slot: 'b', manifest: { name: 'gw', version: 3 } });
+    expect(readFileSync(join(d, 'b', 'bin', 'app'), 'utf8')).toBe('v3');
+    expect(readlinkSync(join(d, 'b', 'bin', 'manifest-link'))).toBe('../manifest.json');
+  });
+
+  it('keeps a ../ member inside the slot, and refuses a link that leaves the image or an image over the limits', async () => {
+    const d = fresh('slots');
+    await ensureSlots(d);
+    // BusyBox strips a leading ../ when it lists and when it unpacks: the member lands inside the slot.
+    const dotdot = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), evil: 'pwned' }, [
+      '-P',
+      '--transform=s,^evil,../evil,',
+    ]);
+    expect((await withBusybox(() => installImage(d, dotdot))).slot).toBe('b');
+    expect(readFileSync(join(d, 'b', 'evil'), 'utf8')).toBe('pwned');
+    expect(existsSync(join(d, 'evil'))).toBe(false);
+    writeFileSync(join(d, 'b', 'marker'), 'before');
+    rmSync(join(d, 'b', 'evil'));
+    rmSync(join(d, 'b', 'manifest.json'));
+
+    const src = fresh('src');
+    mkdirSync(join(src, 'bin'));
+    writeFileSync(join(src, 'manifest.json'), manifest({ name: 'gw', version: 1 }));
+    execFileSync('ln', ['-s', '../../outside', join(src, 'bin', 'escape')]);
+    const link = join(fresh('img'), 'image.tar.gz');
+    execFileSync('tar', ['-czf', link, '-C', src, '.']);
+    expect((await installError(withBusybox(() => installImage(d, link)))).code).toBe('bad-archive');
+
+    const big = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), big: '\0'.repeat(2_000_000) });
+    const err = await installError(withBusybox(() => installImage(d, big, { maxBytes: 1_000_000 })));
+    expect(err.code).toBe('too-large');
+    expect(readdirSync(join(d, 'b'))).toEqual(['marker']);
   });
 });
