@@ -293,7 +293,7 @@ describe('installImage with BusyBox tar', () => {
   }
 
   it('is BusyBox that answers as tar', async () => {
-    const r = await withBusybox(async () => spawnSync('tar', ['--help'], { encoding: 'utf8' }));
+    const r = await withBusybox(() => Promise.resolve(spawnSync('tar', ['--help'], { encoding: 'utf8' })));
     expect(`${r.stdout}${r.stderr}`).toMatch(/BusyBox/);
   });
 
