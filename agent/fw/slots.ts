@@ -69,6 +69,8 @@ export interface InstallOptions {
   maxBytes?: number;
   /** The most members (files, folders, links) the image may hold. Default 100,000. */
   maxFiles?: number;
+  /** The image's `tar -tv` listing, when it was made beforehand (`listInBackground`). */
+  listing?: string;
 }
 
 export interface InstallResult {
@@ -248,51 +250,113 @@ async function runTar(args: string[], timeoutMs: number, what: string): Promise<
   return r.stdout;
 }
 
+/** One member of a `tar -tv` listing: `mode owner size date time name[ -> target | link to target]`. */
+interface Member {
+  type: string;
+  size: number;
+  name: string;
+  /** The target of a symbolic (`l`) or hard (`h`) link. */
+  target?: string;
+}
+
+/** Parses a `tar -tv` line; GNU and BusyBox tar print the same columns. `undefined` for a line it cannot read. */
+function parseMember(line: string): Member | undefined {
+  const m = /^(\S+)\s+\S+\s+(\S+)\s+\S+\s+\S+\s(.*)$/.exec(line);
+  if (!m) return undefined;
+  const type = m[1]![0]!;
+  const rest = m[3]!;
+  const size = Number(m[2]);
+  if (type === 'l' || type === 'h') {
+    const arrow = type === 'l' ? ' -> ' : ' link to ';
+    const at = rest.indexOf(arrow);
+    // A second arrow makes the split ambiguous; such an image is refused rather than guessed at.
+    if (at < 0 || rest.indexOf(arrow, at + 1) >= 0) return undefined;
+    return { type, size: 0, name: rest.slice(0, at), target: rest.slice(at + arrow.length) };
+  }
+  return { type, size: Number.isFinite(size) ? size : 0, name: rest };
+}
+
 /**
- * Refuses an archive before anything is written if a member could land outside the slot: an absolute name, a
- * `..` segment, or a link whose target is absolute or climbs out with `..`; and one that would unpack to more
+ * Refuses an archive before anything is written, from its `tar -tv` listing, if a member could land outside the
+ * slot (an absolute name, a `..` segment, a link whose target leaves the image) or if it would unpack to more
  * than `limits` allow (a small compressed image can hold a huge or countless files).
  */
-async function checkMembers(
-  imagePath: string,
-  timeoutMs: number,
-  limits: { maxBytes: number; maxFiles: number },
-): Promise<void> {
-  const names = (await runTar(['-tzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
-  for (const name of names) {
-    if (!isContainedPath(name.replace(/\/+$/, '') || '.')) {
-      throw new InstallError('bad-archive', `the image has a member outside its root: "${name}"`);
-    }
+function checkMembers(listing: string, limits: { maxBytes: number; maxFiles: number }): void {
+  const lines = listing.split('\n').filter((l) => l !== '');
+  if (lines.length > limits.maxFiles) {
+    throw new InstallError('too-large', `the image holds ${lines.length} members, more than ${limits.maxFiles}`);
   }
-  if (names.length > limits.maxFiles) {
-    throw new InstallError('too-large', `the image holds ${names.length} members, more than ${limits.maxFiles}`);
-  }
-  const verbose = (await runTar(['-tvzf', imagePath], timeoutMs, 'list the image')).split('\n').filter((l) => l !== '');
   let bytes = 0;
-  for (const line of verbose) {
-    // `mode owner/group size date time name`, in GNU and BusyBox tar alike.
-    const size = Number(line.split(/\s+/)[2]);
-    if (Number.isFinite(size)) bytes += size;
+  for (const line of lines) {
+    const member = parseMember(line);
+    if (!member) throw new InstallError('bad-archive', `the image has a member that cannot be checked: ${line}`);
+    if (!isContainedPath(member.name.replace(/\/+$/, '') || '.')) {
+      throw new InstallError('bad-archive', `the image has a member outside its root: "${member.name}"`);
+    }
+    bytes += member.size;
     if (bytes > limits.maxBytes) {
       throw new InstallError('too-large', `the image unpacks to more than ${limits.maxBytes} bytes`);
     }
-  }
-  for (const line of verbose) {
-    const type = line[0];
-    if (type !== 'l' && type !== 'h') continue;
-    const arrow = type === 'l' ? ' -> ' : ' link to ';
-    const at = line.lastIndexOf(arrow);
-    const target = at < 0 ? '' : line.slice(at + arrow.length);
+    if (member.target === undefined) continue;
     // A symbolic link's target is relative to the folder the link is in (`bin/sh -> ../busybox` stays inside);
     // a hard link's names another member, from the image's root.
-    const fields = /^\S+\s+\S+\s+\S+\s+\S+\s+\S+\s(.*)$/.exec(at < 0 ? '' : line.slice(0, at));
-    const name = fields?.[1] ?? '';
+    const { name, target } = member;
     const resolved =
-      type === 'l' && !isAbsolute(target) ? posix.normalize(posix.join(posix.dirname(name), target)) : target;
-    if (target === '' || name === '' || !isContainedPath(resolved) || resolved === '..' || resolved.startsWith('../')) {
+      member.type === 'l' && !isAbsolute(target) ? posix.normalize(posix.join(posix.dirname(name), target)) : target;
+    if (target === '' || !isContainedPath(resolved) || resolved === '..' || resolved.startsWith('../')) {
       throw new InstallError('bad-archive', `the image has a link that leaves its root: ${line}`);
     }
   }
+}
+
+/**
+ * Lists an image's members (`tar -tv`) in the background, so that the listing the installer checks can be made
+ * while something else runs (the updater starts it beside the verification). `finish` waits for it.
+ */
+export interface BackgroundListing {
+  finish(): Promise<string>;
+  abort(): void;
+}
+
+export function listInBackground(imagePath: string, timeoutMs: number = DEFAULT_TAR_TIMEOUT_MS): BackgroundListing {
+  const child = spawn('tar', ['-tvzf', imagePath], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
+    env: { ...process.env, LC_ALL: 'C' },
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+  child.stderr.setEncoding('utf8').on('data', (s: string) => {
+    stderr = (stderr + s).slice(-OUTPUT_TAIL);
+  });
+  const kill = (): void => {
+    try {
+      if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      // Already gone.
+    }
+  };
+  const timer = setTimeout(kill, timeoutMs);
+  const done = new Promise<{ code: number | null; error?: Error }>((resolve) => {
+    child.once('error', (error) => resolve({ code: null, error }));
+    child.once('close', (code) => resolve({ code }));
+  }).finally(() => clearTimeout(timer));
+  return {
+    async finish() {
+      const r = await done;
+      if (r.error) throw new InstallError('unpack-failed', `cannot run tar to list the image: ${r.error.message}`);
+      if (r.code !== 0) {
+        const why = stderr.trim();
+        throw new InstallError(
+          'unpack-failed',
+          `tar failed to list the image (exit status ${r.code}${why ? `: ${why}` : ''})`,
+        );
+      }
+      return stdout;
+    },
+    abort: kill,
+  };
 }
 
 async function readManifest(slotDir: string): Promise<ImageManifest> {
@@ -362,10 +426,8 @@ export async function installImage(dir: string, imagePath: string, opts: Install
   await ensureSlots(dir);
   const slot = await inactiveSlot(dir);
   const slotDir = join(dir, slot);
-  await checkMembers(imagePath, tarTimeoutMs, {
-    maxBytes: opts.maxBytes ?? DEFAULT_MAX_BYTES,
-    maxFiles: opts.maxFiles ?? DEFAULT_MAX_FILES,
-  });
+  const listing = opts.listing ?? (await runTar(['-tvzf', imagePath], tarTimeoutMs, 'list the image'));
+  checkMembers(listing, { maxBytes: opts.maxBytes ?? DEFAULT_MAX_BYTES, maxFiles: opts.maxFiles ?? DEFAULT_MAX_FILES });
   try {
     await rm(slotDir, { recursive: true, force: true });
     await mkdir(slotDir);

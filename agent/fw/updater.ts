@@ -16,11 +16,13 @@ import { DEFAULT_RETRY, type RetryPolicy, downloadWithRetry, isDownloadError } f
 import { healthCheck } from './health.js';
 import { type ActiveState, type FwEvent, type FwState, afterSwitch, isActive, isFinal, transition } from './machine.js';
 import {
+  type BackgroundListing,
   type SlotName,
   activeSlot,
   describeExit,
   installImage,
   isInstallError,
+  listInBackground,
   restoreSlot,
   runProgram,
   switchSlot,
@@ -49,7 +51,6 @@ export interface UpdaterOptions {
   restartAgent: () => void;
   log: Logger;
   now: () => number;
-  fetchImpl?: typeof fetch;
   retry?: RetryPolicy;
 }
 
@@ -93,6 +94,11 @@ export class FirmwareUpdater {
    * has connected, and the cloud must see every transition, not only the last one.
    */
   private unsent: Array<{ payload: MetaMessage; onAck: () => void }> = [];
+  /**
+   * The image's member listing (slots installer), made by `tar -tv` while the image is verified: the install
+   * checks it before it unpacks, and the listing then costs no time of its own.
+   */
+  private listing: { job: string; listing: BackgroundListing } | undefined;
   /** The slots of the install that just finished; saved with the move to `switching`. */
   private installed: { job: string; from: SlotName; to: SlotName } | undefined;
 
@@ -131,6 +137,8 @@ export class FirmwareUpdater {
   stop(): void {
     this.stopped = true;
     this.effect?.abort();
+    this.listing?.listing.abort();
+    this.listing = undefined;
   }
 
   onConnected(): void {
@@ -461,7 +469,6 @@ export class FirmwareUpdater {
           size: job.size,
           signal,
           onProgress: (bytes) => this.reportProgress(job, bytes),
-          ...(this.o.fetchImpl ? { fetchImpl: this.o.fetchImpl } : {}),
         },
         this.o.retry ?? DEFAULT_RETRY,
         (err, attempt, waitMs) =>
@@ -495,10 +502,37 @@ export class FirmwareUpdater {
       size: job.size,
       sha256: job.sha256,
     };
+    // The slots installer's member listing runs beside the hashing; it only reads the file, and its result is
+    // used only once the image has verified.
+    if (this.o.config.installer === 'slots') {
+      this.listing?.listing.abort();
+      this.listing = { job: job.id, listing: listInBackground(this.imagePath(job), this.o.config.installTimeoutMs) };
+    }
     const r = await verifyImage(this.imagePath(job), identity, job.signature, keys);
-    if (!r.ok) return { type: 'fail', error: `verify (${r.reason}): ${r.detail}` };
+    if (!r.ok) {
+      this.listing?.listing.abort();
+      this.listing = undefined;
+      return { type: 'fail', error: `verify (${r.reason}): ${r.detail}` };
+    }
     this.o.log.info({ event: 'fw.verified', job: job.id, key: this.o.config.publicKeys[r.keyIndex] });
     return { type: 'ok' };
+  }
+
+  /** The listing started beside the verification, if it is this job's; `undefined` otherwise. */
+  private async backgroundListing(job: FwJob): Promise<string | undefined> {
+    const l = this.listing;
+    this.listing = undefined;
+    if (!l) return undefined;
+    if (l.job !== job.id) {
+      l.listing.abort();
+      return undefined;
+    }
+    try {
+      return await l.listing.finish();
+    } catch {
+      // Listed again by the install, which reports the failure in full.
+      return undefined;
+    }
   }
 
   private async install(job: FwJob): Promise<Outcome> {
@@ -509,14 +543,24 @@ export class FirmwareUpdater {
     }
     try {
       const from = await activeSlot(cfg.slotsDir);
+      const listing = await this.backgroundListing(job);
       const r = await installImage(cfg.slotsDir, this.imagePath(job), {
+        ...(listing === undefined ? {} : { listing }),
         scriptTimeoutMs: cfg.installTimeoutMs,
         tarTimeoutMs: cfg.installTimeoutMs,
         maxBytes: cfg.maxUnpackedBytes,
         maxFiles: cfg.maxFiles,
         env: this.jobEnv(job),
       });
-      this.o.log.info({ event: 'fw.installed', job: job.id, slot: r.slot, active: from, manifest: r.manifest.name });
+      this.o.log.info({
+        event: 'fw.installed',
+        job: job.id,
+        slot: r.slot,
+        active: from,
+        manifest: r.manifest.name,
+        // Whether the members were listed beside the verification, or by a tar run of their own.
+        listedEarly: listing !== undefined,
+      });
       // The slots ride along with the next transition, saved before the switch touches anything.
       this.installed = { job: job.id, from, to: r.slot };
       return { type: 'ok' };
@@ -661,6 +705,10 @@ export class FirmwareUpdater {
   }
 
   private async cleanUp(job: FwJob): Promise<void> {
+    if (this.listing?.job === job.id) {
+      this.listing.listing.abort();
+      this.listing = undefined;
+    }
     try {
       await rm(this.imagePath(job), { force: true });
     } catch (err) {

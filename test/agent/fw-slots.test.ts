@@ -13,6 +13,7 @@ import {
   ensureSlots,
   inactiveSlot,
   installImage,
+  listInBackground,
   rollbackSlot,
   switchSlot,
 } from '../../agent/fw/slots.js';
@@ -206,6 +207,21 @@ describe('installImage', () => {
     expect(readdirSync(join(d, 'b'))).toEqual(['marker']);
     // Within the limits, the same image installs.
     expect((await installImage(d, image, { maxBytes: 3_000_000, maxFiles: 10 })).slot).toBe('b');
+  });
+
+  it('checks a listing made beforehand in the background instead of listing again', async () => {
+    const d = fresh('slots');
+    const image = makeImage({ 'manifest.json': manifest({ name: 'gw', version: 1 }), 'bin/app': 'v1' });
+    const listing = await listInBackground(image).finish();
+    expect(listing).toMatch(/ bin\/app$/m);
+    // The installer trusts the listing it is given: one naming a member outside the image refuses the image.
+    const forged = `${listing}-rw-r--r-- root/root 1 2026-01-01 00:00 ../evil\n`;
+    expect((await installError(installImage(d, image, { listing: forged }))).code).toBe('bad-archive');
+    expect((await installImage(d, image, { listing })).slot).toBe('b');
+    // A listing of something that is not an image fails like tar does.
+    const junk = join(fresh('junk'), 'junk.tar.gz');
+    writeFileSync(junk, 'not gzip');
+    expect((await installError(listInBackground(junk).finish())).code).toBe('unpack-failed');
   });
 
   it('runs the install script in the slot with DEVCLOUD_SLOT', async () => {
