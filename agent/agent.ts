@@ -9,7 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { type Logger, type LogLevel } from '../lib/log.js';
+import { type Logger, type LogLevel, recentProblems } from '../lib/log.js';
 import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
@@ -24,6 +24,7 @@ import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
 import { NearbyListener } from './nearby/listener.js';
 import { HeardReporter } from './nearby/reporter.js';
+import { MetaReporter } from './report.js';
 import { type DownMessage, Uplink } from './uplink.js';
 import { ChangeHook } from './vars/hooks.js';
 import { VarStore } from './vars/store.js';
@@ -62,6 +63,7 @@ export class Agent {
   private readonly commit: GroupCommitter;
   private readonly reporter: HeardReporter;
   private readonly hook: ChangeHook | undefined;
+  private readonly report: MetaReporter;
   private readonly startedAt: number;
   private mode: AgentMode = 'master';
   private asleep = false;
@@ -93,6 +95,10 @@ export class Agent {
       deviceId: identity.deviceId,
       username: config.mqtt.username ?? identity.deviceId,
       password: config.mqtt.password ?? identity.secret,
+      enrol:
+        config.mqtt.enrolPassword === undefined
+          ? undefined
+          : { username: config.mqtt.enrolUsername ?? 'devcloud-enrol', password: config.mqtt.enrolPassword },
       keepaliveSec: config.mqtt.keepaliveSec,
       connectTimeoutMs: config.mqtt.connectTimeoutMs,
       backoffMinMs: config.mqtt.backoffMinMs,
@@ -151,6 +157,21 @@ export class Agent {
       keepMs: cmd.keepDays * 86_400_000,
     });
     this.reporter = new HeardReporter(this.uplink, config.udp.maxAgeMs, now);
+    this.report = new MetaReporter({
+      intervalMs: config.report.intervalSec * 1000,
+      reporter: this.uplink.reporter('up/meta'),
+      figures: () => {
+        const pending = this.vars.pending();
+        return {
+          uptime: Math.floor((this.now() - this.startedAt) / 1000),
+          pending: pending.pushes + pending.syncs,
+          queue: this.queue.counts().queued ?? 0,
+          rss: process.memoryUsage.rss(),
+        };
+      },
+      now,
+      log,
+    });
     this.nearby = new NearbyListener({
       port: config.udp.port,
       ipv6: config.udp.ipv6,
@@ -225,6 +246,7 @@ export class Agent {
     this.nearby.stop();
     this.commands.stop();
     this.firmware.stop();
+    this.report.stop();
     this.commit.flush();
     // Let the acknowledgements of what just committed go out before the connection closes.
     await new Promise((r) => setImmediate(r));
@@ -240,6 +262,8 @@ export class Agent {
   status(): Record<string, unknown> {
     return {
       deviceId: this.identity.deviceId,
+      // Enough to tell codes apart; the code itself is a capability (whoever has it can claim the device).
+      authcodePrefix: this.identity.authcode.slice(0, 6),
       version: VERSION,
       platform: this.config.platform,
       fwVersion: this.firmware.version(),
@@ -258,6 +282,7 @@ export class Agent {
       firmware: this.firmware.status(),
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
+      lastErrors: recentProblems(this.log),
     };
   }
 
@@ -277,6 +302,7 @@ export class Agent {
       this.reporter.onConnected();
       this.commands.onConnected();
       this.firmware.onConnected();
+      this.report.onConnected();
       // A wake is already settling (its time budget runs from the wake); this starts one after a mode change.
       if (this.mode === 'deadleaf' && this.settleTimer === undefined) this.startSettling();
     });
@@ -453,7 +479,7 @@ export class Agent {
   }
 }
 
-function commandJson(c: QueuedCommand): CommandJson {
+export function commandJson(c: QueuedCommand): CommandJson {
   const text = c.command.toString('latin1');
   return {
     id: c.id,

@@ -45,6 +45,13 @@ export const AgentConfigSchema = z
         username: z.string().min(1).optional(),
         /** Defaults to the device secret. */
         password: z.string().min(1).optional(),
+        /**
+         * Mosquitto with dynamic security and open enrolment (docs/operations.md): the enrolment credential's
+         * password. When the broker refuses the device's own login, the agent asks to be enrolled with it.
+         */
+        enrolPassword: z.string().min(1).optional(),
+        /** Its username (`devcloud-enrol` when unset). */
+        enrolUsername: z.string().min(1).optional(),
         /** Seconds between keepalive pings. */
         keepaliveSec: z.number().int().min(5).max(3600).default(30),
         connectTimeoutMs: z.number().int().min(1000).max(300_000).default(15_000),
@@ -134,6 +141,13 @@ export const AgentConfigSchema = z
         /** Which changes run the hook: made by the cloud, on the gateway, or both. */
         origins: z.array(z.enum(['cloud', 'device'])).default(['cloud']),
         timeoutMs: z.number().int().min(100).max(600_000).default(10_000),
+      })
+      .strict()
+      .prefault({}),
+    report: z
+      .object({
+        /** Seconds between reports of `meta` `uptime`, `pending`, `queue` and `rss` (agent/report.ts); 0: none. */
+        intervalSec: z.number().int().min(0).max(86_400).default(300),
       })
       .strict()
       .prefault({}),

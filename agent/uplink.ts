@@ -12,6 +12,7 @@ import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../lib/log.js';
 import { safeUrl } from '../lib/url.js';
 import {
+  ENROL_TOPIC,
   type DownTopic,
   type HelloMessage,
   type Payloads,
@@ -32,6 +33,11 @@ export interface UplinkOptions {
   deviceId: string;
   username: string;
   password: string;
+  /**
+   * The enrolment credential (Mosquitto with dynamic security): when the broker refuses the device's login,
+   * the device id and password are sent once on `ENROL_TOPIC` with it before the next attempt.
+   */
+  enrol?: { username: string; password: string } | undefined;
   keepaliveSec: number;
   connectTimeoutMs: number;
   backoffMinMs: number;
@@ -71,6 +77,8 @@ export class Uplink extends EventEmitter<UplinkEvents> {
   readonly dropped = { invalid: 0, foreign: 0 };
   /** Completed connections since start. */
   connects = 0;
+  /** Enrolment requests sent since start. */
+  enrolments = 0;
 
   constructor(private readonly opts: UplinkOptions) {
     super();
@@ -211,7 +219,11 @@ export class Uplink extends EventEmitter<UplinkEvents> {
       });
     });
     client.on('message', (topic, payload) => this.onMessage(topic, payload));
+    let refused = false;
     client.on('error', (err) => {
+      // CONNACK 4 (bad username or password) or 5 (not authorized): the broker does not know this device yet.
+      const code = (err as { code?: unknown }).code;
+      if (code === 4 || code === 5) refused = true;
       log.warn({ event: 'mqtt.error', url: safeUrl(this.opts.url), err: err.message });
     });
     client.on('close', () => {
@@ -225,8 +237,46 @@ export class Uplink extends EventEmitter<UplinkEvents> {
         log.warn({ event: 'mqtt.disconnected', url: safeUrl(this.opts.url) });
         this.emit('down');
       }
-      this.scheduleReconnect();
+      if (refused && this.opts.enrol && this.opts.username === this.opts.deviceId) {
+        void this.requestEnrolment(this.opts.enrol).finally(() => this.scheduleReconnect());
+      } else this.scheduleReconnect();
     });
+  }
+
+  /**
+   * Asks the cloud to enrol this device: one connection with the enrolment credential, which may only publish
+   * this request; the cloud makes the device's own login unless its id is taken. Resolves either way.
+   */
+  private async requestEnrolment(enrol: { username: string; password: string }): Promise<void> {
+    const log = this.opts.log;
+    const options: IClientOptions = {
+      ...this.clientOptions(),
+      clientId: enrol.username,
+      username: enrol.username,
+      password: enrol.password,
+    };
+    delete options.will;
+    const client = mqtt.connect(this.opts.url, options);
+    client.on('error', () => undefined);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        client.once('connect', () => resolve());
+        client.once('close', () => reject(new Error('the broker refused the enrolment credential')));
+      });
+      const request = JSON.stringify({ deviceId: this.opts.deviceId, secret: this.opts.password });
+      await client.publishAsync(ENROL_TOPIC, request, { qos: 1 });
+      this.enrolments++;
+      log.info({ event: 'mqtt.enrol_requested', url: safeUrl(this.opts.url) });
+    } catch (err) {
+      log.warn({ event: 'mqtt.enrol_failed', url: safeUrl(this.opts.url), err: (err as Error).message });
+    } finally {
+      await new Promise<void>((resolve) => {
+        client.end(true, {}, () => resolve());
+        setTimeout(resolve, 1000).unref();
+      });
+      client.removeAllListeners();
+      client.on('error', () => undefined);
+    }
   }
 
   private scheduleReconnect(): void {

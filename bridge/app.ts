@@ -20,7 +20,9 @@ import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
 import { registerFirmwareRoutes } from './firmware/routes.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
+import { LinkMonitor, registerHealthRoute } from './health.js';
 import type { Mailer } from './mail/mailer.js';
+import { registerMetrics } from './metrics.js';
 import { OPENAPI_PATH, buildOpenApi } from './openapi.js';
 import { readSession } from './sessions/cookie.js';
 import { registerSessionRoutes } from './sessions/routes.js';
@@ -55,6 +57,8 @@ export interface AppDeps {
   devices?: DeviceService;
   /** Commands; likewise. */
   commands?: CommandService;
+  /** The state of the link to the broker, for `/healthz` and `/metrics`; without it the app has no broker. */
+  link?: LinkMonitor;
 }
 
 /** What every route module gets. */
@@ -292,6 +296,16 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   });
 
   app.setNotFoundHandler((_req, reply) => send(reply, 404, ERRORS['not-found'].body));
+
+  const link = deps.link ?? new LinkMonitor();
+  registerMetrics(app, { config, store: deps.store, devices, link });
+  registerHealthRoute(app, {
+    store: deps.store,
+    dataDir: config.dataDir,
+    link,
+    linkGraceMs: config.health.linkGraceMs,
+    log,
+  });
 
   registerSessionRoutes(app, ctx);
   registerAccountRoutes(app, ctx);

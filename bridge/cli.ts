@@ -18,7 +18,9 @@ import { CommandService } from './commands/service.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
 import type { DeviceService } from './devices/service.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
+import { LinkMonitor } from './health.js';
 import { createMailer } from './mail/mailer.js';
+import { type ManagedBroker, provisionDevices, setDeviceEnabled, startManagedBroker } from './mqtt/manage.js';
 import { SqliteStore } from './store/sqlite.js';
 import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
 
@@ -31,12 +33,16 @@ Usage:
   devcloud-bridge frontend set ID [name=NAME] [default=true] [KEY=VALUE ...]
       KEY: nearby, registration, confirmationEmail, claimRequiresProximity (true or false)
 ${FIRMWARE_USAGE}
+  devcloud-bridge device provision [--count N] [--out DIR]
+  devcloud-bridge device enable|disable ID            (mqtt.dynsec: the device's broker client)
 
 Options:
 ${formatOptions(BRIDGE_OPTIONS)}
   --name NAME            name of a new frontend (frontend create) or image (firmware add)
   --json                 print JSON (frontend and firmware commands)
-  --out DIR              where firmware keygen writes signing.key and signing.pub
+  --out DIR              where firmware keygen writes signing.key and signing.pub, and device provision
+                         the provisioning files (default: the current directory)
+  --count N              how many devices device provision makes (default 1)
   --platform P           the image's platform (firmware add)
   --version N            the image's version, an integer from 0 (firmware add)
   --from P1,P2           the platforms a device may run to take the image (firmware add)
@@ -158,6 +164,7 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   const rest: string[] = [];
   let json = false;
   let name: string | undefined;
+  let count: string | undefined;
   // The firmware commands' flags, as `--flag VALUE` or `--flag=VALUE`.
   const fwFlags: Partial<Record<FirmwareFlag, string>> = {};
   const fwMissing: string[] = [];
@@ -170,6 +177,7 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       break;
     } else if (arg === '--json') json = true;
     else if (arg === '--name') name = argv[++i];
+    else if (flag === '--count') count = eq > 0 ? arg.slice(eq + 1) : (argv[++i] ?? '');
     else if ((FIRMWARE_FLAGS as readonly string[]).includes(flag)) {
       const value = eq > 0 ? arg.slice(eq + 1) : argv[++i];
       if (value === undefined) fwMissing.push(flag);
@@ -188,7 +196,10 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   if (argv.includes('--name') && name === undefined) problems.push('flag --name needs a value');
   for (const flag of fwMissing) problems.push(`flag ${flag} needs a value`);
   if (command !== 'firmware')
-    for (const flag of Object.keys(fwFlags)) problems.push(`flag ${flag} is for the firmware commands`);
+    for (const flag of Object.keys(fwFlags))
+      if (!(command === 'device' && flag === '--out')) problems.push(`flag ${flag} is for the firmware commands`);
+  if (count !== undefined && (command !== 'device' || !/^[1-9][0-9]{0,3}$/.test(count)))
+    problems.push('flag --count is for device provision: a number from 1 to 9999');
   try {
     config = loadBridgeConfig(args.flags, env);
   } catch (err) {
@@ -211,9 +222,49 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       return frontendCommand(config, params, json, name, io);
     case 'firmware':
       return firmwareCommand(config, params, { json, name, flags: fwFlags }, io);
+    case 'device':
+      return deviceCommand(config, params, { count: Number(count ?? 1), outDir: fwFlags['--out'] ?? '.' }, io);
     default:
       io.err(`devcloud-bridge: unknown command ${command}; run devcloud-bridge --help`);
       return 2;
+  }
+}
+
+/** `devcloud-bridge device …`: provisioning, and the broker clients of devices (bridge/mqtt/manage.ts). */
+async function deviceCommand(
+  config: BridgeConfig,
+  params: string[],
+  args: { count: number; outDir: string },
+  io: Io,
+): Promise<number> {
+  const [sub, id, ...extra] = params;
+  // Stdout carries the command's output (file paths); the log goes to stderr, warnings and worse unless more is asked.
+  const log = createLogger({
+    level: config.log.level === 'info' ? 'warn' : config.log.level,
+    pretty: 'never',
+    base: { service: 'devcloud-bridge' },
+    destination: process.stderr,
+  });
+  const wantsId = sub === 'enable' || sub === 'disable';
+  if (sub !== 'provision' && !wantsId) {
+    io.err('devcloud-bridge: device needs one of provision, enable, disable');
+    return 2;
+  }
+  if ((wantsId ? extra : [id, ...extra]).some((p) => p !== undefined) || (wantsId && id === undefined)) {
+    io.err(`devcloud-bridge: device ${sub} ${wantsId ? 'needs one device id' : 'takes no arguments'}`);
+    return 2;
+  }
+  try {
+    if (wantsId) return await setDeviceEnabled(config, id!, sub === 'enable', io, log);
+    const store = new SqliteStore(config.dataDir);
+    try {
+      return await provisionDevices(config, store, args, io, log);
+    } finally {
+      store.close();
+    }
+  } catch (err) {
+    io.err(`devcloud-bridge: ${err instanceof Error ? err.message : String(err)}`);
+    return 1;
   }
 }
 
@@ -234,6 +285,8 @@ export interface RunningBridge {
   devices: DeviceService;
   commands: CommandService;
   store: SqliteStore;
+  /** With `mqtt.dynsec`: the management of device clients at Mosquitto. */
+  managed: ManagedBroker | undefined;
   url: string;
   defaultFrontend: Frontend;
   close(): Promise<void>;
@@ -250,7 +303,8 @@ export async function startBridge(
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const commands = new CommandService({ store, log, now: Date.now, maxOpen: config.commands.maxOpen });
   const devices = createDeviceService(config, store, log, Date.now, commands);
-  const app = buildApp({ config, store, hasher, mailer, log, devices, commands });
+  const linkState = new LinkMonitor();
+  const app = buildApp({ config, store, hasher, mailer, log, devices, commands, link: linkState });
   let broker: EmbeddedBroker | undefined;
   const fail = async (err: unknown): Promise<never> => {
     await app.close();
@@ -305,6 +359,7 @@ export async function startBridge(
         persistent: true,
         log,
       });
+  linkState.attach(link, b ? 'embedded' : 'external');
   devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
   commands.attach(
     (deviceId, name, payload) => link.publish(deviceId, name, payload),
@@ -312,6 +367,20 @@ export async function startBridge(
   );
   link.on('message', (msg) => void devices.handle(msg));
   link.on('up', () => devices.onLinkUp());
+  let managed: ManagedBroker | undefined;
+  if (config.mqtt.dynsec) {
+    try {
+      managed = startManagedBroker({ config, store, devices, password: mqttPassword ?? '', ca: mqttCa, log });
+    } catch (err) {
+      await fail(err);
+    }
+    // Roles first, so that the bridge may publish to devices once its link is up; a broker that is not there
+    // yet is set up when it comes (at every connect).
+    const m = managed!;
+    await Promise.race([m.dynsec.ready, new Promise((resolve) => setTimeout(resolve, 10_000).unref())]).catch(
+      (err: unknown) => log.error({ event: 'dynsec.unavailable', err: (err as Error).message }),
+    );
+  }
   try {
     await link.start(b ? 10_000 : 30_000);
   } catch (err) {
@@ -360,12 +429,14 @@ export async function startBridge(
     devices,
     commands,
     store,
+    managed,
     url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
     defaultFrontend,
     close: async () => {
       clearInterval(pruneTimer);
       clearInterval(sweepTimer);
       await app.close();
+      await managed?.close();
       await link.close();
       await broker?.close();
       await mailer.close();

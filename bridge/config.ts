@@ -51,7 +51,10 @@ export const BridgeConfigSchema = z
         url: z.string().min(1).optional(),
         /** Port of the embedded broker. */
         port: z.number().int().min(0).max(65535).default(1883),
-        /** Embedded broker: enrol unknown devices on first connect (trust on first use). */
+        /**
+         * Enrol unknown devices (trust on first use): on first connect to the embedded broker; with `dynsec`,
+         * through the enrolment credential.
+         */
         openEnrolment: z.boolean().default(true),
         /**
          * External broker: the bridge's client id. Its session is persistent, so that the broker keeps what
@@ -63,6 +66,14 @@ export const BridgeConfigSchema = z
         passwordFile: z.string().min(1).optional(),
         /** External broker over TLS: the CA that signed its certificate (PEM). */
         caFile: z.string().min(1).optional(),
+        /**
+         * External Mosquitto with the dynamic security plugin, the bridge's credential its admin: the bridge
+         * manages one client per device (bridge/mqtt/dynsec.ts).
+         */
+        dynsec: z.boolean().default(false),
+        /** With `dynsec` and `openEnrolment`: the enrolment credential's username, and a file with its password. */
+        enrolUsername: z.string().min(1).max(128).default('devcloud-enrol'),
+        enrolPasswordFile: z.string().min(1).optional(),
       })
       .strict()
       .prefault({}),
@@ -162,6 +173,22 @@ export const BridgeConfigSchema = z
         signup: limit(20, 3_600_000),
         resend: limit(5, 3_600_000),
         recover: limit(5, 3_600_000),
+      })
+      .strict()
+      .prefault({}),
+    health: z
+      .object({
+        /** `GET /healthz` answers 503 once the link to the MQTT broker has been down this long, ms. */
+        linkGraceMs: z.number().int().min(0).max(86_400_000).default(60_000),
+      })
+      .strict()
+      .prefault({}),
+    metrics: z
+      .object({
+        /** Serve `GET /metrics` (Prometheus text format). */
+        enabled: z.boolean().default(true),
+        /** A file holding the bearer token scrapers must send; without it `/metrics` asks for none. */
+        tokenFile: z.string().min(1).optional(),
       })
       .strict()
       .prefault({}),
@@ -279,12 +306,36 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     help: 'CA certificate of the external broker (PEM)',
   },
   {
+    key: 'mqtt.dynsec',
+    flag: '--mqtt-dynsec',
+    env: 'DEVCLOUD_MQTT_DYNSEC',
+    kind: 'bool',
+    arg: 'BOOL',
+    help: 'manage device clients through Mosquitto dynamic security',
+  },
+  {
     key: 'mqtt.openEnrolment',
     flag: '--open-enrolment',
     env: 'DEVCLOUD_OPEN_ENROLMENT',
     kind: 'bool',
     arg: 'BOOL',
     help: 'enrol unknown devices on first connect',
+  },
+  {
+    key: 'metrics.enabled',
+    flag: '--metrics',
+    env: 'DEVCLOUD_METRICS',
+    kind: 'bool',
+    arg: 'BOOL',
+    help: 'serve GET /metrics (default true)',
+  },
+  {
+    key: 'metrics.tokenFile',
+    flag: '--metrics-token-file',
+    env: 'DEVCLOUD_METRICS_TOKEN_FILE',
+    kind: 'string',
+    arg: 'FILE',
+    help: 'file holding the bearer token GET /metrics asks for',
   },
   ...LOG_OPTIONS,
 ];

@@ -28,7 +28,9 @@ import {
 } from './devices/schemas.js';
 import { ERRORS, type ErrorCode } from './errors.js';
 import { FirmwareImageObject, FirmwareList } from './firmware/catalog.js';
+import { HEALTH_PATH, HealthObject } from './health.js';
 import { AppParam } from './frontends/schemas.js';
+import { METRICS_PATH, METRICS_UNAUTHORIZED } from './metrics.js';
 import { COOKIE_NAME } from './sessions/cookie.js';
 import { sessionForms } from './sessions/schemas.js';
 import { UserDataForm, UserObject } from './users/schemas.js';
@@ -93,7 +95,7 @@ interface Route {
    */
   path: string;
   operationId: string;
-  tag: 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Firmware' | 'Meta';
+  tag: 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Firmware' | 'Meta' | 'Operations';
   summary: string;
   description: string;
   /** required: the route needs a session; optional: the route uses one when there is one. */
@@ -102,7 +104,9 @@ interface Route {
   body?: string;
   /** Query parameters besides `app`. */
   query?: z.ZodObject;
-  /** A route devices call (the firmware image): it reads no frontend, so it has no `app` and no 404 for one. */
+  /**
+   * A route devices (or probes and scrapers) call: it reads no frontend, so it has no `app` and no 404 for one.
+   */
   device?: boolean;
   responses: Record<number, Outcome>;
 }
@@ -343,7 +347,53 @@ function routes(config: BridgeConfig): Route[] {
       description: 'Needs no session.',
       responses: { 200: { description: 'The OpenAPI 3.1 document.', json: 'OpenApiDocument' } },
     },
+    ...operationsRoutes(config),
   ];
+}
+
+/** Health and metrics, for probes and Prometheus: no frontend, no session. */
+function operationsRoutes(config: BridgeConfig): Route[] {
+  const health: Route = {
+    method: 'get',
+    path: HEALTH_PATH,
+    operationId: 'getHealth',
+    tag: 'Operations',
+    summary: 'Whether the bridge can do its work',
+    description:
+      'The database answers a read in a write transaction and its folder is writable, and the link to the MQTT ' +
+      `broker is up or has been down for less than ${config.health.linkGraceMs} ms (\`health.linkGraceMs\`). ` +
+      'No frontend, no session: `app` is not read. `Cache-Control: no-store`.',
+    device: true,
+    responses: {
+      200: { description: 'Healthy.', json: 'Health' },
+      503: { description: 'The database fails, or the link has been down too long.', json: 'Health' },
+    },
+  };
+  if (!config.metrics.enabled) return [health];
+  const metrics: Route = {
+    method: 'get',
+    path: METRICS_PATH,
+    operationId: 'getMetrics',
+    tag: 'Operations',
+    summary: 'Prometheus metrics',
+    description:
+      'The Prometheus text format (`text/plain; version=0.0.4`): HTTP requests by route and status and their ' +
+      'durations, MQTT messages received and dropped, the link state, devices known and connected, commands by ' +
+      'state, open firmware jobs, and the process figures. ' +
+      (config.metrics.tokenFile === undefined
+        ? 'No token is set (`metrics.tokenFile`): it asks for none. '
+        : 'It asks for `Authorization: Bearer <token>` with the token of `metrics.tokenFile`. ') +
+      'No frontend, no session: `app` is not read. Switched off with `metrics.enabled: false`.',
+    device: true,
+    responses: { 200: { description: 'The metrics.', text: { type: 'string' } } },
+  };
+  if (config.metrics.tokenFile !== undefined) {
+    metrics.responses[401] = {
+      description: 'No token, or a wrong one (`WWW-Authenticate: Bearer`).',
+      tokens: [METRICS_UNAUTHORIZED],
+    };
+  }
+  return [health, metrics];
 }
 
 const NO_SESSION: Outcome = { description: 'No logged-in session (decision 3).', tokens: [token('no-session')] };
@@ -859,10 +909,14 @@ function responses(route: Route): Json {
     description: own503
       ? `${own503.description} Or: ${shutdown.charAt(0).toLowerCase()}${shutdown.slice(1)}`
       : shutdown,
-    ...(own503 ? { headers: { 'Retry-After': { $ref: '#/components/headers/RetryAfter' } } } : {}),
+    ...(own503?.retryAfter ? { headers: { 'Retry-After': { $ref: '#/components/headers/RetryAfter' } } } : {}),
     content: {
       ...(own503?.tokens ? { 'text/plain': { schema: { type: 'string', enum: own503.tokens } } } : {}),
-      'application/json': { schema: SHUTTING_DOWN },
+      'application/json': {
+        schema: own503?.json
+          ? { anyOf: [{ $ref: `#/components/schemas/${own503.json}` }, SHUTTING_DOWN] }
+          : SHUTTING_DOWN,
+      },
     },
   };
   return Object.fromEntries(Object.entries(out).sort(([a], [b]) => Number(a) - Number(b)));
@@ -967,6 +1021,7 @@ export function buildOpenApi(config: BridgeConfig): Json {
         description: 'The firmware catalog, updates of a device, and the image a device downloads for its update.',
       },
       { name: 'Meta', description: 'About the API.' },
+      { name: 'Operations', description: 'Health and metrics, for probes and Prometheus.' },
     ],
     paths,
     components: {
@@ -1027,6 +1082,7 @@ export function buildOpenApi(config: BridgeConfig): Json {
             CommandList,
             FirmwareImage: FirmwareImageObject,
             FirmwareList,
+            Health: HealthObject,
           },
           'output',
         ),

@@ -40,6 +40,12 @@ export function downFilter(deviceId: string): string {
   return `${TOPIC_ROOT}/${deviceId}/down/#`;
 }
 
+/**
+ * Where a device without credentials at the broker asks to be enrolled, with the enrolment credential (Mosquitto
+ * with dynamic security; bridge/mqtt/dynsec.ts). Outside every device's topics: only the bridge reads it.
+ */
+export const ENROL_TOPIC = `${TOPIC_ROOT}/enrol`;
+
 /** Subscription filters for what every device publishes (what the cloud subscribes to). */
 export const ALL_DEVICES_UP_FILTERS: readonly string[] = [`${TOPIC_ROOT}/+/up/#`, `${TOPIC_ROOT}/+/state`];
 

@@ -7,10 +7,14 @@
 import { ConfigError, formatOptions, parseArgs } from '../../lib/config.js';
 import { LOG_LEVELS, createLogger } from '../../lib/log.js';
 import { VERSION } from '../../lib/version.js';
-import { Agent } from '../agent.js';
+import { Agent, RESTART_EXIT_CODE } from '../agent.js';
 import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, socketPath } from '../config.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
+import { doctorCommand } from './doctor.js';
 import { fwCommand } from './fw.js';
+import { logsCommand } from './logs.js';
+import { readOfflineQueue, statusCommand } from './status.js';
+import { createNotifier } from '../systemd/notify.js';
 import type { CommandJson, QueueJson, VarJson } from '../local/messages.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2, unreachable: 3 } as const;
@@ -26,8 +30,13 @@ Usage:
   devcloud-agent var sync NAME              re-send a d variable to the cloud without changing it
   devcloud-agent var watch                  follow changes and acknowledgements, one JSON line each
   devcloud-agent log-level LEVEL            change the running agent's log level
-  devcloud-agent status                     what the running agent reports about itself (JSON)
+  devcloud-agent status                     identity, connection, pending syncs, queue, firmware, last errors
+                                            (--json: everything; without a running agent: what the state
+                                            directory holds, exit status 3)
   devcloud-agent queue [--recent N]         the command queue: running, queued (in run order), recent
+  devcloud-agent doctor                     check config, state directory, identity, broker login, UDP port,
+                                            clock, disk space and firmware keys (exit 1 when a check fails)
+  devcloud-agent logs [options]             the agent's journal, readable and filtered (logs --help)
   devcloud-agent fw status                  the firmware update: state, job, slots, steps
   devcloud-agent fw commit                  accept a switched image now (skips the rest of the health check)
   devcloud-agent fw rollback                return to the image that ran before the update (works without
@@ -71,6 +80,8 @@ function takeClientFlags(argv: string[]): { rest: string[]; type: string; json: 
 }
 
 export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  // `logs` reads the journal or a file and has flags of its own; it needs no config.
+  if (argv[0] === 'logs') return logsCommand(argv.slice(1), io);
   const { rest, type, json, recent } = takeClientFlags(argv);
   const args = parseArgs(rest, AGENT_OPTIONS);
   if (args.help || args.positionals[0] === 'help') {
@@ -87,6 +98,8 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
     if (!(err instanceof ConfigError)) throw err;
     problems.push(...err.problems);
   }
+  // The doctor reports config problems as its first checks.
+  if (command === 'doctor') return doctorCommand({ config, problems, flags: args.flags, params, env, json, io });
   if (problems.length > 0 || config === undefined) {
     io.err(`devcloud-agent: ${new ConfigError(problems).message}`);
     io.err('Run devcloud-agent --help for the options.');
@@ -115,20 +128,30 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
       });
     }
     case 'status':
-      return withClient(config, env, io, async (c) => {
-        io.out(JSON.stringify(await c.status(), null, 2));
-        return EXIT.ok;
-      });
+      if (params.length > 0) return usage(io, 'status takes no arguments');
+      return statusCommand(config, env, json, io);
     case 'queue': {
       if (params.length > 0) return usage(io, 'queue takes no arguments');
       if (!/^\d{1,4}$/.test(recent) || Number(recent) > 1000)
         return usage(io, '--recent needs a number from 0 to 1000');
-      return withClient(config, env, io, async (c) => {
-        const q = await c.queue(Number(recent));
+      const showQueue = (q: QueueJson) => {
         if (json) io.out(JSON.stringify(q));
         else printQueue(q, io);
         return EXIT.ok;
-      });
+      };
+      return withClient(
+        config,
+        env,
+        io,
+        async (c) => showQueue(await c.queue(Number(recent))),
+        // The queue is in the database: without a running agent it is read from there.
+        () => {
+          const q = readOfflineQueue(config, Number(recent));
+          if (typeof q === 'string') return undefined;
+          io.err(`devcloud-agent: the agent is not running; read from ${config.stateDir}`);
+          return showQueue(q);
+        },
+      );
     }
     case 'fw':
       return fwCommand(config, env, params, json, io);
@@ -148,12 +171,15 @@ async function withClient(
   env: NodeJS.ProcessEnv,
   io: Out,
   fn: (c: LocalClient) => Promise<number>,
+  offline?: () => number | undefined,
 ): Promise<number> {
   const path = socketPath(config, env);
   let client: LocalClient;
   try {
     client = await LocalClient.connect(path);
   } catch (err) {
+    const done = offline?.();
+    if (done !== undefined) return done;
     io.err(`devcloud-agent: ${(err as Error).message}. Is the agent running? (systemctl status devcloud-agent)`);
     return EXIT.unreachable;
   }
@@ -246,13 +272,25 @@ async function varCommand(c: LocalClient, params: string[], type: 'd' | 's', jso
 /** Runs the agent until SIGTERM or SIGINT; stops within 5 s. */
 async function runAgent(config: AgentConfig, env: NodeJS.ProcessEnv): Promise<number> {
   const log = createLogger({ level: config.log.level, pretty: config.log.pretty, base: { service: 'devcloud-agent' } });
+  // systemd's Type=notify: READY once started, watchdog pings, STOPPING; nothing without $NOTIFY_SOCKET.
+  const notify = createNotifier({ env, log });
   let agent: Agent;
   try {
-    agent = await Agent.start({ config, log, env });
+    agent = await Agent.start({
+      config,
+      log,
+      env,
+      onRestart: () => {
+        notify.stopping('restarting');
+        process.exit(RESTART_EXIT_CODE);
+      },
+    });
   } catch (err) {
     log.fatal({ event: 'agent.start_failed', err: err instanceof Error ? err.message : String(err) });
+    notify.close();
     return EXIT.failed;
   }
+  notify.ready('running');
   process.on('uncaughtException', (err) => {
     log.fatal({ event: 'agent.crashed', err: err.message, stack: err.stack });
     process.exit(EXIT.failed);
@@ -269,10 +307,15 @@ async function runAgent(config: AgentConfig, env: NodeJS.ProcessEnv): Promise<nu
         log.error({ event: 'agent.stop_timeout', msg: 'did not stop within 5 s; exiting' });
         process.exit(EXIT.failed);
       }, 5000).unref();
+      notify.stopping('stopping');
       agent.stop().then(
-        () => resolve(EXIT.ok),
+        () => {
+          notify.close();
+          resolve(EXIT.ok);
+        },
         (err: unknown) => {
           log.error({ event: 'agent.stop_failed', err: String(err) });
+          notify.close();
           resolve(EXIT.failed);
         },
       );

@@ -128,6 +128,9 @@ export class CommandStore {
                  CASE WHEN @sentAt IS NULL THEN 'queued' ELSE 'sent' END, @createdAt, @sentAt)`,
       ),
       byId: db.prepare<[string], Row>('SELECT * FROM commands WHERE id = ?'),
+      byState: db.prepare<[], { state: BridgeCommandState; n: number }>(
+        'SELECT state, count(*) AS n FROM commands GROUP BY state',
+      ),
       openCount: db
         .prepare<[string], number>(
           "SELECT count(*) FROM commands WHERE device_id = ? AND state IN ('queued', 'sent', 'running')",
@@ -167,6 +170,13 @@ export class CommandStore {
   /** Stores a new command: `queued`, or `sent` at `sentAt` when it is handed over right after the commit. */
   add(c: NewBridgeCommand, sentAt?: number): void {
     this.s.insert.run({ ...c, sentAt: sentAt ?? null });
+  }
+
+  /** How many commands the bridge holds in each state (metrics). */
+  countByState(): Partial<Record<BridgeCommandState, number>> {
+    const out: Partial<Record<BridgeCommandState, number>> = {};
+    for (const r of this.s.byState.all()) out[r.state] = r.n;
+    return out;
   }
 
   get(id: string): StoredCommand | undefined {

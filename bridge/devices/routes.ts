@@ -59,7 +59,10 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
     }
     const outcome = await store.write(() => devices.claim(device.id, user.id, now()));
     if (outcome === 'taken') throw new ApiError('claim-fail');
-    if (outcome === 'claimed') ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
+    if (outcome === 'claimed') {
+      ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
+      service.registrationChanged(device.id, true);
+    }
     // Decision 8: the uuid as text, or `{"id": …}` to a client that asks for JSON.
     const accept = req.headers.accept ?? '';
     if (/\bapplication\/json\b/i.test(accept)) return json(reply, JSON.stringify({ id: device.id }), 201);
@@ -85,6 +88,7 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
     });
     if (!done) throw new ApiError('device-fail');
     ctx.log.info({ event: 'device.unregistered', deviceId: id, userId: user.id });
+    service.registrationChanged(id, false);
     return send(reply, 200, 'device-ok');
   });
 

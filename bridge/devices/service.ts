@@ -87,6 +87,19 @@ export class DeviceService {
   /** Publishes to a device (firmware jobs); `false` when the link is down. */
   sendDown: SendDown = (deviceId, name, payload) => this.send(deviceId, name, payload);
 
+  private readonly registrationListeners = new Set<(deviceId: string, owned: boolean) => void>();
+
+  /** Called after a claim (`true`) or an unregister (`false`); returns the unsubscribe function. */
+  onRegistration(fn: (deviceId: string, owned: boolean) => void): () => void {
+    this.registrationListeners.add(fn);
+    return () => this.registrationListeners.delete(fn);
+  }
+
+  /** The routes report claims and unregisters here (the broker's device clients follow them: bridge/mqtt/). */
+  registrationChanged(deviceId: string, owned: boolean): void {
+    for (const fn of this.registrationListeners) fn(deviceId, owned);
+  }
+
   // ---- messages from devices ----
 
   /** Handles one validated message; never throws (a failure is logged and counted). */
@@ -283,7 +296,7 @@ export class DeviceService {
       // The presence and identity entries are the bridge's own; a device cannot overwrite them.
       for (const [name, value] of Object.entries(meta)) {
         if (RESERVED_META.has(name)) continue;
-        devices.setMeta(deviceId, name, value, now, 'device');
+        devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
       }
       // A final firmware state ends the device's open job (DESIGN section 7).
       const fwstate = meta.fwstate;
@@ -408,6 +421,12 @@ const FW_META_DEFAULTS: ReadonlyArray<readonly [string, string]> = [
  * version it committed after a firmware update in `up/meta`, without reconnecting.
  */
 const RESERVED_META: ReadonlySet<string> = new Set(['state', 'lastactivity', 'unique', 'platform', 'agentversion']);
+
+/**
+ * The agent's periodic report (agent/report.ts): the current value is kept, without history entries, which
+ * would otherwise grow by one per variable and device at every report.
+ */
+const UNRECORDED_META: ReadonlySet<string> = new Set(['uptime', 'pending', 'queue', 'rss']);
 
 /** A stored `d` record as the wire sees it. */
 function asVersion(rec: VarRecord): VersionRecord {

@@ -229,6 +229,7 @@ export class DeviceStore {
         `SELECT d.* FROM nearby n JOIN devices d ON d.id = n.device_id
          WHERE n.user_id = ? AND n.heard_at >= ? ORDER BY d.authcode`,
       ),
+      count: db.prepare<[], number>('SELECT count(*) FROM devices').pluck(),
       connectedDevices: db.prepare<[], { device_id: string }>(
         "SELECT device_id FROM vars WHERE type = 'meta' AND name = 'state' AND value = CAST('connected' AS BLOB)",
       ),
@@ -398,6 +399,11 @@ export class DeviceStore {
       by,
       history,
     );
+  }
+
+  /** How many devices the bridge knows (metrics). */
+  count(): number {
+    return this.s.count.get() ?? 0;
   }
 
   /** The devices whose `meta` `state` is `connected`. */

@@ -109,6 +109,7 @@ export class FirmwareJobStore {
     this.s = {
       byId: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE id = ?'),
       openOf: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE device_id = ? AND open = 1'),
+      openCount: db.prepare<[], number>('SELECT count(*) FROM fw_jobs WHERE open = 1').pluck(),
       insert: db.prepare(
         `INSERT INTO fw_jobs (id, device_id, name, sha256, size, token_hash, token_expires, created_at, url)
          VALUES (@id, @deviceId, @name, @sha256, @size, @tokenHash, @tokenExpires, @createdAt, @url)`,
@@ -124,6 +125,11 @@ export class FirmwareJobStore {
   get(id: string): FirmwareJob | undefined {
     const r = this.s.byId.get(id);
     return r && toJob(r);
+  }
+
+  /** How many jobs are open (metrics). */
+  openCount(): number {
+    return this.s.openCount.get() ?? 0;
   }
 
   /** The device's open job, if any. */

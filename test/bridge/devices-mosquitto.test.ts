@@ -10,10 +10,10 @@ import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import { afterEach, describe, expect, it } from 'vitest';
-import { encode, messageId, topicFor } from '../../protocol/index.js';
+import { encode, topicFor } from '../../protocol/index.js';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
-import { type SecureMosquitto, startSecureMosquitto } from '../support/brokers.js';
+import { type SecureMosquitto, endClient, startSecureMosquitto, upVars } from '../support/brokers.js';
 import { until } from '../support/wait.js';
 
 function udpSend(port: number, payload: string): Promise<void> {
@@ -71,18 +71,6 @@ function rawClient(url: string, options: IClientOptions): Promise<MqttClient> {
       client.end(true);
       reject(err);
     });
-  });
-}
-
-function endClient(client: MqttClient): Promise<void> {
-  return new Promise((resolve) => client.end(true, {}, () => resolve()));
-}
-
-/** A `d` variable as a device reports it on `up/vars`. */
-function upVars(name: string, value: string): Buffer {
-  return encode('up/vars', {
-    id: messageId(),
-    items: [{ kind: 'push', type: 'd', name, value, time: Date.now(), origin: 'device' }],
   });
 }
 

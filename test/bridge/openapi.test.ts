@@ -66,6 +66,8 @@ interface Doc {
 
 /** The route devices download a firmware image from: no frontend, no session. */
 const IMAGE_OP = 'downloadFirmwareImage';
+/** The routes that read no frontend: the image, and the probes' and scrapers' routes. */
+const NO_FRONTEND_OPS: ReadonlySet<string> = new Set([IMAGE_OP, 'getHealth', 'getMetrics']);
 
 /** Statuses every route documents that these tests cannot bring about on demand: a crash, and a shutdown. */
 const NOT_PROVOKED = ['500', '503'];
@@ -422,8 +424,9 @@ describe('the document', () => {
     expect(doc.components.parameters.app).toMatchObject({ name: 'app', in: 'query' });
     expect(JSON.stringify(doc.servers)).toContain('{frontend}');
     for (const ops of Object.values(doc.paths)) {
-      // Every route but the image a device downloads, which reads no frontend.
-      for (const op of Object.values(ops)) expect(takesFrontend(op), op.operationId).toBe(op.operationId !== IMAGE_OP);
+      // Every route but the image a device downloads, and health and metrics, which read no frontend.
+      for (const op of Object.values(ops))
+        expect(takesFrontend(op), op.operationId).toBe(!NO_FRONTEND_OPS.has(op.operationId));
     }
   });
 
@@ -2266,6 +2269,39 @@ describe('every command route answers what the document lists', () => {
       ],
       `${base}/${ran}`,
     );
+  });
+});
+
+describe('the health and metrics routes answer what the document lists', () => {
+  // Their 503 (the database or the link failing) is brought about in test/ops/health-metrics.test.ts.
+  it('GET /healthz', async () => {
+    await driveRoute('GET', '/healthz', [
+      { name: 'healthy', status: 200, run: () => call(main.app, { method: 'GET', url: '/healthz' }) },
+      {
+        name: 'an app that names no frontend: the route reads none',
+        status: 200,
+        run: () => call(main.app, { method: 'GET', url: `/healthz?app=${randomUUID()}` }),
+      },
+    ]);
+  });
+
+  it('GET /metrics', async () => {
+    await driveRoute('GET', '/metrics', [
+      {
+        name: 'no token set',
+        status: 200,
+        run: async () => {
+          const r = await call(main.app, { method: 'GET', url: '/metrics' });
+          expect(r.body).toContain('devcloud_http_requests_total');
+          return r;
+        },
+      },
+      {
+        name: 'an app that names no frontend: the route reads none',
+        status: 200,
+        run: () => call(main.app, { method: 'GET', url: `/metrics?app=${randomUUID()}` }),
+      },
+    ]);
   });
 });
 

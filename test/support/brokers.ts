@@ -8,6 +8,8 @@ import { createServer, type Server, type Socket, connect as netConnect } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Aedes } from 'aedes';
+import type { MqttClient } from 'mqtt';
+import { encode, messageId } from '../../protocol/index.js';
 
 export interface TestBroker {
   kind: 'aedes' | 'mosquitto';
@@ -86,7 +88,8 @@ export async function startMosquitto(): Promise<TestBroker> {
   return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)) };
 }
 
-function canConnect(port: number): Promise<boolean> {
+/** Whether something accepts TCP connections on the port (a broker that has started). */
+export function canConnect(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const s = netConnect(port, '127.0.0.1');
     s.once('connect', () => {
@@ -208,4 +211,17 @@ async function runMosquitto(dir: string, conf: string, port: number): Promise<Om
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** Ends an MQTT client at once, without waiting for anything in flight. */
+export function endClient(client: MqttClient): Promise<void> {
+  return new Promise((resolve) => client.end(true, {}, () => resolve()));
+}
+
+/** A `d` variable as a device reports it on `up/vars`. */
+export function upVars(name: string, value: string): Buffer {
+  return encode('up/vars', {
+    id: messageId(),
+    items: [{ kind: 'push', type: 'd', name, value, time: Date.now(), origin: 'device' }],
+  });
 }

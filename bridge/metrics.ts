@@ -1,0 +1,197 @@
+/**
+ * `GET /metrics`: the bridge's figures in the Prometheus text format (prom-client). Each app has its own
+ * registry, so that several apps can run in one process (tests). Counters kept elsewhere (the link's, the device
+ * service's) and what the database holds are read at scrape time; HTTP requests are counted as they finish.
+ *
+ * Access: `metrics.enabled` (default true) registers the route; `metrics.tokenFile` names a file holding a bearer
+ * token the scraper must send, compared in constant time. Without a token the route asks for none: the bridge
+ * listens on 127.0.0.1 by default, and a public listener should sit behind a proxy that keeps `/metrics` inside.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import type { FastifyInstance } from 'fastify';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { UP_TOPICS } from '../protocol/index.js';
+import type { BridgeConfig } from './config.js';
+import type { DeviceService } from './devices/service.js';
+import type { LinkMonitor } from './health.js';
+import type { BridgeStore } from './store/types.js';
+
+export const METRICS_PATH = '/metrics';
+/** The answer to a scrape without the right token. */
+export const METRICS_UNAUTHORIZED = 'unauthorized';
+
+const COMMAND_STATES = ['queued', 'sent', 'running', 'done', 'failed', 'expired'] as const;
+
+export interface MetricsDeps {
+  config: BridgeConfig;
+  store: BridgeStore;
+  devices: DeviceService;
+  link: LinkMonitor;
+}
+
+const sha256 = (s: string): Buffer => createHash('sha256').update(s, 'utf8').digest();
+
+/** Reads the scrapers' token; a missing or empty file is a configuration error. */
+export function readMetricsToken(file: string): string {
+  let token: string;
+  try {
+    token = readFileSync(file, 'utf8').trim();
+  } catch (err) {
+    throw new Error(`cannot read the metrics token file: ${(err as Error).message}`);
+  }
+  if (token.length === 0) throw new Error(`the metrics token file ${file} is empty`);
+  return token;
+}
+
+/** The registry with every metric of the bridge. */
+export function createRegistry(deps: MetricsDeps): {
+  registry: Registry;
+  observe: (method: string, route: string, status: number, seconds: number) => void;
+} {
+  const { store, devices, link } = deps;
+  const registry = new Registry();
+  const registers = [registry];
+  collectDefaultMetrics({ register: registry });
+
+  const requests = new Counter({
+    name: 'devcloud_http_requests_total',
+    help: 'HTTP requests answered, by method, route and status.',
+    labelNames: ['method', 'route', 'status'] as const,
+    registers,
+  });
+  const duration = new Histogram({
+    name: 'devcloud_http_request_duration_seconds',
+    help: 'Time to answer an HTTP request, by method and route.',
+    labelNames: ['method', 'route'] as const,
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers,
+  });
+  new Counter({
+    name: 'devcloud_mqtt_messages_received_total',
+    help: 'Valid messages devices published, by topic.',
+    labelNames: ['topic'] as const,
+    registers,
+    collect() {
+      // The link counts; the counter shows its figures (monotonic, so a reset and set keeps it a counter).
+      this.reset();
+      const received = link.link?.received ?? {};
+      for (const topic of UP_TOPICS) this.inc({ topic }, received[topic] ?? 0);
+    },
+  });
+  new Counter({
+    name: 'devcloud_mqtt_messages_dropped_total',
+    help:
+      'Messages dropped, by reason: invalid (failed validation), foreign (not a device topic), hello_mismatch ' +
+      '(a hello naming another device), failed (handling failed, e.g. a database error).',
+    labelNames: ['reason'] as const,
+    registers,
+    collect() {
+      this.reset();
+      const dropped = link.link?.dropped ?? { invalid: 0, foreign: 0 };
+      this.inc({ reason: 'invalid' }, dropped.invalid);
+      this.inc({ reason: 'foreign' }, dropped.foreign);
+      this.inc({ reason: 'hello_mismatch' }, devices.counters.helloMismatch);
+      this.inc({ reason: 'failed' }, devices.counters.failed);
+    },
+  });
+  new Gauge({
+    name: 'devcloud_mqtt_link_connected',
+    help: '1 while the bridge is connected to its MQTT broker.',
+    registers,
+    collect() {
+      this.set(link.connected ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'devcloud_mqtt_link_down_seconds',
+    help: 'How long the link to the MQTT broker has been down; 0 while it is up.',
+    registers,
+    collect() {
+      this.set(link.downForMs() / 1000);
+    },
+  });
+  // The database figures: a scrape while the database fails still answers the process figures.
+  new Gauge({
+    name: 'devcloud_devices_known',
+    help: 'Devices the bridge knows.',
+    registers,
+    collect() {
+      safely(() => this.set(store.devices.count()));
+    },
+  });
+  new Gauge({
+    name: 'devcloud_devices_connected',
+    help: 'Devices whose meta state is connected.',
+    registers,
+    collect() {
+      safely(() => this.set(store.devices.connectedIds().length));
+    },
+  });
+  new Gauge({
+    name: 'devcloud_commands',
+    help: 'Commands the bridge holds, by state.',
+    labelNames: ['state'] as const,
+    registers,
+    collect() {
+      safely(() => {
+        const counts = store.commands.countByState();
+        for (const state of COMMAND_STATES) this.set({ state }, counts[state] ?? 0);
+      });
+    },
+  });
+  new Gauge({
+    name: 'devcloud_firmware_jobs_open',
+    help: 'Firmware update jobs not yet ended.',
+    registers,
+    collect() {
+      safely(() => this.set(store.fwJobs.openCount()));
+    },
+  });
+  return {
+    registry,
+    observe: (method, route, status, seconds) => {
+      requests.inc({ method, route, status: String(status) });
+      duration.observe({ method, route }, seconds);
+    },
+  };
+}
+
+function safely(work: () => void): void {
+  try {
+    work();
+  } catch {
+    // Left out of this scrape; `/healthz` says what fails.
+  }
+}
+
+/** Counts every request, and serves `GET /metrics`. Does nothing when `metrics.enabled` is false. */
+export function registerMetrics(app: FastifyInstance, deps: MetricsDeps): void {
+  const { config } = deps;
+  if (!config.metrics.enabled) return;
+  const tokenFile = config.metrics.tokenFile;
+  const tokenHash = tokenFile === undefined ? undefined : sha256(readMetricsToken(tokenFile));
+  const { registry, observe } = createRegistry(deps);
+
+  app.addHook('onResponse', (req, reply, done) => {
+    // The route's pattern, not the URL: device ids and names in paths would make a series per device.
+    observe(req.method, req.routeOptions.url ?? 'unmatched', reply.statusCode, reply.elapsedTime / 1000);
+    done();
+  });
+
+  app.get(METRICS_PATH, { config: { device: true } }, async (req, reply) => {
+    if (tokenHash) {
+      const m = /^Bearer (\S+)$/.exec(req.headers.authorization ?? '');
+      // Hashes of equal length, so that the comparison takes the same time whatever was sent.
+      if (!m || !timingSafeEqual(sha256(m[1]!), tokenHash)) {
+        return reply
+          .code(401)
+          .header('www-authenticate', 'Bearer')
+          .type('text/plain; charset=utf-8')
+          .send(METRICS_UNAUTHORIZED);
+      }
+    }
+    const text = await registry.metrics();
+    return reply.header('cache-control', 'no-store').type(registry.contentType).send(text);
+  });
+}

@@ -1,0 +1,313 @@
+/**
+ * `GET /healthz` and `GET /metrics` on a running bridge: healthy, then failing when its database fails and when
+ * its external broker (a private Mosquitto, killed) stays away longer than the grace period; the metrics after
+ * real HTTP requests and real MQTT traffic from an agent and a device client, parsed from the text format; and
+ * the access control of `/metrics`.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import { rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import mqtt from 'mqtt';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../bridge/app.js';
+import { hasherFor } from '../../bridge/cli.js';
+import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
+import { HealthObject } from '../../bridge/health.js';
+import { createMailer } from '../../bridge/mail/mailer.js';
+import { buildOpenApi } from '../../bridge/openapi.js';
+import { SqliteStore } from '../../bridge/store/sqlite.js';
+import { createLogger } from '../../lib/log.js';
+import { topicFor } from '../../protocol/index.js';
+import { LogSink, type TestAgent, startAgent, tempDir } from '../support/agent.js';
+import { type LiveBridge, type TestBridge, startLiveBridge, startTestBridge } from '../support/bridge.js';
+import { type TestBroker, startMosquitto } from '../support/brokers.js';
+import { until } from '../support/wait.js';
+
+/** One sample of the text format: `name{label="value",...} number`. */
+type Samples = Map<string, number>;
+
+/** The samples of a scrape, keyed by name and labels in order of name (`name{a="x",b="y"}`). */
+function parseMetrics(text: string): Samples {
+  const out: Samples = new Map();
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    expect(m, `a sample line: ${line}`).not.toBeNull();
+    const labels = [...(m![2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)]
+      .map(([, k, v]) => `${k}="${v}"`)
+      .sort();
+    out.set(labels.length > 0 ? `${m![1]}{${labels.join(',')}}` : m![1]!, Number(m![3]));
+  }
+  return out;
+}
+
+const key = (name: string, labels: Record<string, string> = {}) => {
+  const parts = Object.entries(labels)
+    .map(([k, v]) => `${k}="${v}"`)
+    .sort();
+  return parts.length > 0 ? `${name}{${parts.join(',')}}` : name;
+};
+
+async function scrape(url: string, headers: Record<string, string> = {}): Promise<Samples> {
+  const r = await fetch(`${url}/metrics`, { headers });
+  expect(r.status).toBe(200);
+  expect(r.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
+  return parseMetrics(await r.text());
+}
+
+async function health(url: string): Promise<{ status: number; body: HealthObject }> {
+  const r = await fetch(`${url}/healthz`);
+  expect(r.headers.get('content-type')).toMatch(/^application\/json/);
+  expect(r.headers.get('cache-control')).toBe('no-store');
+  const body = HealthObject.parse(await r.json());
+  return { status: r.status, body };
+}
+
+describe('GET /healthz', () => {
+  let live: LiveBridge | undefined;
+  let broker: TestBroker | undefined;
+  let test: TestBridge | undefined;
+
+  afterEach(async () => {
+    await live?.close();
+    await broker?.close();
+    await test?.close();
+    live = broker = test = undefined;
+  });
+
+  it('answers 200 with the embedded broker connected, without a session or a frontend', async () => {
+    live = await startLiveBridge({ config: { frontends: { allowDefault: false } } });
+    const h = await health(live.url);
+    expect(h.status).toBe(200);
+    expect(h.body).toMatchObject({
+      status: 'ok',
+      database: 'ok',
+      mqtt: { broker: 'embedded', connected: true, downSince: null },
+    });
+    // A request naming no frontend answers 404 when there is no default frontend; the probe is not one.
+    expect((await fetch(`${live.url}/0/openapi.json`)).status).toBe(404);
+  });
+
+  it('answers 503 once the database fails, and logs it once', async () => {
+    test = await startTestBridge({ transport: 'http' });
+    expect((await health(test.url!)).status).toBe(200);
+    test.store.close();
+    for (let i = 0; i < 2; i++) {
+      const h = await health(test.url!);
+      expect(h.status).toBe(503);
+      expect(h.body).toMatchObject({ status: 'failing', database: 'failing', mqtt: { broker: 'none' } });
+    }
+    expect(test.sink.events('health.database_failed')).toHaveLength(1);
+  });
+
+  it('answers 503 once an external broker has been away longer than the grace period, and 200 when it is back', async () => {
+    broker = await startMosquitto();
+    // Long enough that the first probe after the drop comes within it on a busy machine.
+    const graceMs = 2000;
+    live = await startLiveBridge({ config: { mqtt: { url: broker.url }, health: { linkGraceMs: graceMs } } });
+    const up = await until(async () => {
+      const h = await health(live!.url);
+      return h.body.mqtt.connected && h;
+    }, 'the link up');
+    expect(up.status).toBe(200);
+    expect(up.body.mqtt).toEqual({ broker: 'external', connected: true, downSince: null });
+    expect((await scrape(live.url)).get('devcloud_mqtt_link_connected')).toBe(1);
+
+    await broker.stop();
+    const down = await until(async () => {
+      const h = await health(live!.url);
+      return !h.body.mqtt.connected && h;
+    }, 'the link down');
+    // Within the grace period: still healthy, and says since when the link is down.
+    expect(down.status).toBe(200);
+    expect(down.body.status).toBe('ok');
+    expect(down.body.mqtt.downSince).toBeGreaterThan(Date.now() - graceMs);
+    const metrics = await scrape(live.url);
+    expect(metrics.get('devcloud_mqtt_link_connected')).toBe(0);
+    expect(metrics.get('devcloud_mqtt_link_down_seconds')).toBeGreaterThan(0);
+
+    const failing = await until(async () => {
+      const h = await health(live!.url);
+      return h.status === 503 && h;
+    }, 'a 503 past the grace period');
+    expect(failing.body).toMatchObject({ status: 'failing', database: 'ok', mqtt: { connected: false } });
+    expect(Date.now() - failing.body.mqtt.downSince!).toBeGreaterThanOrEqual(graceMs);
+
+    await broker.start();
+    const back = await until(async () => {
+      const h = await health(live!.url);
+      return h.status === 200 && h;
+    }, 'healthy again');
+    expect(back.body.mqtt).toEqual({ broker: 'external', connected: true, downSince: null });
+  });
+});
+
+describe('GET /metrics', () => {
+  let live: LiveBridge;
+  let agent: TestAgent;
+  let device: mqtt.MqttClient;
+  const deviceId = randomUUID();
+
+  beforeAll(async () => {
+    live = await startLiveBridge();
+    agent = await startAgent({ mqttUrl: live.mqttUrl, flags: { 'udp.enabled': false } });
+    device = await mqtt.connectAsync(live.mqttUrl, {
+      clientId: deviceId,
+      username: deviceId,
+      password: randomBytes(16).toString('hex'),
+      reconnectPeriod: 0,
+    });
+  });
+
+  afterAll(async () => {
+    await device?.endAsync();
+    await agent?.stop();
+    await live?.close();
+  });
+
+  it('counts requests, MQTT messages, devices, commands and firmware jobs, with the process figures', async () => {
+    const store = live.bridge.store;
+    const agentId = agent.agent.identity.deviceId;
+    await until(() => store.devices.connectedIds().includes(agentId), 'the agent connected');
+    await until(
+      async () =>
+        (await scrape(live.url)).get(key('devcloud_mqtt_messages_received_total', { topic: 'up/hello' })) === 1,
+      'the hello counted',
+    );
+
+    // Requests: two to a route, and one that matches none.
+    for (let i = 0; i < 2; i++) expect((await fetch(`${live.url}/0/openapi.json`)).status).toBe(200);
+    expect((await fetch(`${live.url}/0/nothing/${randomUUID()}`)).status).toBe(404);
+    // A payload that fails validation, on the device's own topic: dropped.
+    await device.publishAsync(topicFor(deviceId, 'up/vars'), Buffer.from('{"not":"a vars message"'), { qos: 1 });
+    // A queued command and an open firmware job, as the API would leave them.
+    const now = Date.now();
+    await store.write(() => {
+      store.commands.add({
+        id: randomUUID(),
+        deviceId: agentId,
+        userId: null,
+        command: Buffer.from('ping'),
+        priority: 0,
+        createdAt: now,
+        expiresAt: now + 60_000,
+      });
+      store.fwJobs.add({
+        id: randomUUID(),
+        deviceId: agentId,
+        name: 'gw',
+        sha256: '0'.repeat(64),
+        size: 1,
+        token: 'token',
+        tokenExpires: now + 60_000,
+        createdAt: now,
+        url: 'http://127.0.0.1/image',
+      });
+    });
+
+    const m = await until(async () => {
+      const s = await scrape(live.url);
+      return s.get(key('devcloud_mqtt_messages_dropped_total', { reason: 'invalid' })) === 1 && s;
+    }, 'the invalid payload counted');
+    const openapi = { method: 'GET', route: '/0/openapi.json' };
+    expect(m.get(key('devcloud_http_requests_total', { ...openapi, status: '200' }))).toBe(2);
+    expect(m.get(key('devcloud_http_request_duration_seconds_count', openapi))).toBe(2);
+    expect(m.get(key('devcloud_http_request_duration_seconds_bucket', { ...openapi, le: '+Inf' }))).toBe(2);
+    expect(m.get(key('devcloud_http_requests_total', { method: 'GET', route: 'unmatched', status: '404' }))).toBe(1);
+    // Earlier scrapes are counted under their route pattern.
+    expect(
+      m.get(key('devcloud_http_requests_total', { method: 'GET', route: '/metrics', status: '200' })),
+    ).toBeGreaterThanOrEqual(1);
+
+    expect(m.get(key('devcloud_mqtt_messages_received_total', { topic: 'up/hello' }))).toBe(1);
+    expect(m.get(key('devcloud_mqtt_messages_received_total', { topic: 'state' }))).toBeGreaterThanOrEqual(1);
+    expect(m.get(key('devcloud_mqtt_messages_received_total', { topic: 'up/cmd' }))).toBe(0);
+    expect(m.get(key('devcloud_mqtt_messages_dropped_total', { reason: 'foreign' }))).toBe(0);
+    expect(m.get(key('devcloud_mqtt_messages_dropped_total', { reason: 'hello_mismatch' }))).toBe(0);
+    expect(m.get('devcloud_mqtt_link_connected')).toBe(1);
+    expect(m.get('devcloud_mqtt_link_down_seconds')).toBe(0);
+
+    // The agent and the device client are enrolled; only the agent says it is connected.
+    expect(m.get('devcloud_devices_known')).toBe(2);
+    expect(m.get('devcloud_devices_connected')).toBe(1);
+    expect(m.get(key('devcloud_commands', { state: 'queued' }))).toBe(1);
+    expect(m.get(key('devcloud_commands', { state: 'done' }))).toBe(0);
+    expect(m.get('devcloud_firmware_jobs_open')).toBe(1);
+
+    expect(m.get('process_resident_memory_bytes')).toBeGreaterThan(1_000_000);
+    expect(m.has('nodejs_heap_size_used_bytes')).toBe(true);
+  });
+});
+
+describe('access to /metrics', () => {
+  const dirs: string[] = [];
+  afterAll(() => {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+
+  function tokenFile(content: string): string {
+    const dir = tempDir('devcloud-metrics-');
+    dirs.push(dir);
+    const file = join(dir, 'token');
+    writeFileSync(file, content, { mode: 0o600 });
+    return file;
+  }
+
+  it('asks for the bearer token of metrics.tokenFile when one is set', async () => {
+    const token = randomBytes(24).toString('base64url');
+    const b = await startTestBridge({ transport: 'http', config: { metrics: { tokenFile: tokenFile(`${token}\n`) } } });
+    try {
+      for (const authorization of [undefined, 'Bearer wrong', `Bearer ${token}x`, `Basic ${token}`, token]) {
+        const r = await fetch(`${b.url}/metrics`, authorization ? { headers: { authorization } } : {});
+        expect(r.status, String(authorization)).toBe(401);
+        expect(r.headers.get('www-authenticate')).toBe('Bearer');
+        expect(await r.text()).toBe('unauthorized');
+      }
+      const ok = await scrape(b.url!, { authorization: `Bearer ${token}` });
+      expect(ok.get(key('devcloud_http_requests_total', { method: 'GET', route: '/metrics', status: '401' }))).toBe(5);
+      // The health probe needs no token.
+      expect((await fetch(`${b.url}/healthz`)).status).toBe(200);
+      // The document says so.
+      const doc = buildOpenApi(b.config) as { paths: Record<string, { get: { responses: Record<string, unknown> } }> };
+      expect(Object.keys(doc.paths['/metrics']!.get.responses)).toContain('401');
+    } finally {
+      await b.close();
+    }
+  });
+
+  it('is not served with metrics.enabled false, nor in the document', async () => {
+    const b = await startTestBridge({ config: { metrics: { enabled: false } } });
+    try {
+      const r = await b.client().get('/metrics');
+      expect([r.status, r.body]).toEqual([404, 'not found']);
+      expect((await b.client().get('/healthz')).status).toBe(200);
+      const doc = buildOpenApi(b.config) as { paths: Record<string, unknown> };
+      expect(doc.paths['/metrics']).toBeUndefined();
+      expect(doc.paths['/healthz']).toBeDefined();
+      const open = buildOpenApi(BridgeConfigSchema.parse({ dataDir: '/unused' })) as { paths: Record<string, unknown> };
+      expect(open.paths['/metrics']).toBeDefined();
+    } finally {
+      await b.close();
+    }
+  });
+
+  it('refuses to start with an empty or missing token file', () => {
+    const dataDir = tempDir('devcloud-metrics-');
+    dirs.push(dataDir);
+    const log = createLogger({ level: 'silent', pretty: 'never', base: {}, destination: new LogSink() });
+    const store = new SqliteStore(dataDir);
+    try {
+      for (const [file, message] of [
+        [tokenFile(' \n'), /is empty/],
+        [join(dataDir, 'missing'), /cannot read the metrics token file/],
+      ] as const) {
+        const config = BridgeConfigSchema.parse({ dataDir, metrics: { tokenFile: file } });
+        const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+        expect(() => buildApp({ config, store, hasher: hasherFor(config), mailer, log })).toThrow(message);
+        void mailer.close();
+      }
+    } finally {
+      store.close();
+    }
+  });
+});
