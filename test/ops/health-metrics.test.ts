@@ -213,6 +213,9 @@ describe('GET /metrics', () => {
     expect(m.get(key('devcloud_http_requests_total', { ...openapi, status: '200' }))).toBe(2);
     expect(m.get(key('devcloud_http_request_duration_seconds_count', openapi))).toBe(2);
     expect(m.get(key('devcloud_http_request_duration_seconds_bucket', { ...openapi, le: '+Inf' }))).toBe(2);
+    // Buckets are cumulative: both answers took less than 10 s, and the sum is their time.
+    expect(m.get(key('devcloud_http_request_duration_seconds_bucket', { ...openapi, le: '10' }))).toBe(2);
+    expect(m.get(key('devcloud_http_request_duration_seconds_sum', openapi))).toBeGreaterThan(0);
     expect(m.get(key('devcloud_http_requests_total', { method: 'GET', route: 'unmatched', status: '404' }))).toBe(1);
     // Earlier scrapes are counted under their route pattern.
     expect(
