@@ -41,6 +41,6 @@ export function deviceAccess(ctx: RouteContext): DeviceAccess {
 const JSON_TYPE = 'application/json; charset=utf-8';
 
 /** A JSON answer that no cache keeps. */
-export function sendJson(reply: FastifyReply, body: string, status = 200): FastifyReply {
+export function sendJson(reply: FastifyReply, body: string | Buffer, status = 200): FastifyReply {
   return reply.code(status).header('cache-control', 'no-store').type(JSON_TYPE).send(body);
 }
