@@ -6,7 +6,7 @@
  * processes from `dist/`, production settings); the baselines (the same MQTT messages through a bare broker,
  * one durable commit) are taken in the same run. See bench/README.md.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -15,14 +15,12 @@ import { parseArgs } from 'node:util';
 import Database from 'better-sqlite3';
 import { LocalClient } from '../agent/local/client.js';
 import { openDatabase } from '../lib/sqlite.js';
-import { PasswordHasher } from '../bridge/accounts/password.js';
 import { BridgeConfigSchema } from '../bridge/config.js';
-import { SqliteStore } from '../bridge/store/sqlite.js';
-import { ProductConfig } from '../bridge/store/types.js';
 import { encode, messageId } from '../protocol/index.js';
 import { BareEcho, connectClient } from './support/bare-mqtt.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { seedUser } from './support/seed.js';
 import { cookieOf, send } from './support/http-load.js';
 import {
   type AgentProcess,
@@ -137,42 +135,6 @@ function parseOptions(args: string[]): Options {
     cpuProf: v['cpu-prof'],
     nodeArgs: v['node-arg'],
   };
-}
-
-/** The default frontend and one user, through the bridge's own store before it starts: one production hash. */
-async function seed(dataDir: string): Promise<void> {
-  const config = BridgeConfigSchema.parse({ dataDir });
-  const a = config.accounts;
-  const hasher = new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: 1,
-    maxQueued: 0,
-  });
-  const passwordHash = await hasher.hash(PASSWORD);
-  mkdirSync(dataDir, { recursive: true });
-  const store = new SqliteStore(dataDir);
-  try {
-    const now = Date.now();
-    const frontend = {
-      id: randomUUID(),
-      name: 'default',
-      config: ProductConfig.parse({}),
-      isDefault: true,
-      createdAt: now,
-    };
-    store.createFrontend(frontend);
-    await store.write(() =>
-      store.createUser({
-        frontendId: frontend.id,
-        login: LOGIN,
-        passwordHash,
-        authcode: randomBytes(16).toString('hex'),
-        now,
-      }),
-    );
-  } finally {
-    store.close();
-  }
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -729,7 +691,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   }
 
   const dataDir = join(tmp, 'bridge');
-  await seed(dataDir);
+  await seedUser(dataDir, LOGIN, PASSWORD);
   const bridge = await spawnBridgeProcess(
     { runtime: prepared.runtime, dataDir, cpuProfDir, nodeArgs: opts.nodeArgs },
     cleanup,

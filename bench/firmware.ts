@@ -23,13 +23,10 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import Database from 'better-sqlite3';
 import { LocalClient } from '../agent/local/client.js';
-import { PasswordHasher } from '../bridge/accounts/password.js';
-import { BridgeConfigSchema } from '../bridge/config.js';
 import { FirmwareJobStore } from '../bridge/firmware/jobs.js';
-import { SqliteStore } from '../bridge/store/sqlite.js';
-import { ProductConfig } from '../bridge/store/types.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { seedUser } from './support/seed.js';
 import { cookieOf, send } from './support/http-load.js';
 import {
   type AgentProcess,
@@ -115,42 +112,6 @@ function parseOptions(args: string[]): Options {
     cpuProf: v['cpu-prof'],
     nodeArgs: v['node-arg'],
   };
-}
-
-/** The default frontend and one user, through the bridge's own store before it starts: one production hash. */
-async function seed(dataDir: string): Promise<void> {
-  const config = BridgeConfigSchema.parse({ dataDir });
-  const a = config.accounts;
-  const hasher = new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: 1,
-    maxQueued: 0,
-  });
-  const passwordHash = await hasher.hash(PASSWORD);
-  mkdirSync(dataDir, { recursive: true });
-  const store = new SqliteStore(dataDir);
-  try {
-    const now = Date.now();
-    const frontend = {
-      id: randomUUID(),
-      name: 'default',
-      config: ProductConfig.parse({}),
-      isDefault: true,
-      createdAt: now,
-    };
-    store.createFrontend(frontend);
-    await store.write(() =>
-      store.createUser({
-        frontendId: frontend.id,
-        login: LOGIN,
-        passwordHash,
-        authcode: randomBytes(16).toString('hex'),
-        now,
-      }),
-    );
-  } finally {
-    store.close();
-  }
 }
 
 /**
@@ -553,7 +514,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       `${round((performance.now() - buildStart) / 1000)} s`,
   );
   const dataDir = join(tmp, 'bridge');
-  await seed(dataDir);
+  await seedUser(dataDir, LOGIN, PASSWORD);
   const keysDir = join(tmp, 'keys');
   bridgeCli(prepared.runtime, dataDir, ['firmware', 'keygen', '--out', keysDir]);
   const added = JSON.parse(

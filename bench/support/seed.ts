@@ -1,0 +1,45 @@
+/**
+ * The default frontend and one user, written through the bridge's own store before the bridge starts, with one
+ * password hash at the production cost: what a benchmark that logs in as one user needs.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import { PasswordHasher } from '../../bridge/accounts/password.js';
+import { BridgeConfigSchema } from '../../bridge/config.js';
+import { SqliteStore } from '../../bridge/store/sqlite.js';
+import { ProductConfig } from '../../bridge/store/types.js';
+
+export async function seedUser(dataDir: string, login: string, password: string): Promise<void> {
+  const config = BridgeConfigSchema.parse({ dataDir });
+  const a = config.accounts;
+  const hasher = new PasswordHasher({
+    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
+    maxConcurrent: 1,
+    maxQueued: 0,
+  });
+  const passwordHash = await hasher.hash(password);
+  mkdirSync(dataDir, { recursive: true });
+  const store = new SqliteStore(dataDir);
+  try {
+    const now = Date.now();
+    const frontend = {
+      id: randomUUID(),
+      name: 'default',
+      config: ProductConfig.parse({}),
+      isDefault: true,
+      createdAt: now,
+    };
+    store.createFrontend(frontend);
+    await store.write(() =>
+      store.createUser({
+        frontendId: frontend.id,
+        login,
+        passwordHash,
+        authcode: randomBytes(16).toString('hex'),
+        now,
+      }),
+    );
+  } finally {
+    store.close();
+  }
+}
