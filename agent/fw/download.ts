@@ -8,6 +8,7 @@ import { open, stat, truncate } from 'node:fs/promises';
 import { type IncomingMessage, request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { setTimeout as delay } from 'node:timers/promises';
+import { fsyncPath } from '../../lib/fsutil.js';
 
 /**
  * `http`: the server answered with a status that is not the image (`status` says which); 401, 403 and 404 will
@@ -57,15 +58,6 @@ async function sizeOnDisk(path: string): Promise<number> {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 0;
     throw err;
-  }
-}
-
-async function syncFile(path: string): Promise<void> {
-  const handle = await open(path, 'r+');
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
   }
 }
 
@@ -178,7 +170,7 @@ export async function download(opts: DownloadOptions): Promise<DownloadResult> {
     have = 0;
   }
   if (have === size && size > 0) {
-    await syncFile(dest);
+    await fsyncPath(dest);
     onProgress?.(size, size);
     return { bytes: size, resumedFrom: size };
   }

@@ -10,8 +10,9 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, open, readFile, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
+import { mkdir, readFile, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
 import { isAbsolute, join, normalize, posix, resolve, sep } from 'node:path';
+import { fsyncPath } from '../../lib/fsutil.js';
 import { z } from 'zod';
 
 export type SlotName = 'a' | 'b';
@@ -126,15 +127,6 @@ export async function ensureSlots(dir: string): Promise<void> {
   await mkdir(join(dir, 'b'), { recursive: true });
 }
 
-async function fsyncDir(dir: string): Promise<void> {
-  const fd = await open(dir, 'r');
-  try {
-    await fd.sync();
-  } finally {
-    await fd.close();
-  }
-}
-
 /** Replaces the symlink `dir/link` with one to `target` by a rename, so a reader sees the old or the new link. */
 async function replaceLink(dir: string, link: string, target: SlotName): Promise<void> {
   const tmp = join(dir, `${link}.tmp-${randomBytes(6).toString('hex')}`);
@@ -145,7 +137,7 @@ async function replaceLink(dir: string, link: string, target: SlotName): Promise
     await unlink(tmp).catch(() => undefined);
     throw err;
   }
-  await fsyncDir(dir);
+  await fsyncPath(dir);
 }
 
 /**

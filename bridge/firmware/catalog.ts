@@ -9,6 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream, mkdirSync } from 'node:fs';
 import { open, rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
+import { fsyncPath } from '../../lib/fsutil.js';
 import { z } from 'zod';
 import type { Db, Migration } from '../../lib/sqlite.js';
 
@@ -229,7 +230,7 @@ export async function importImage(imageDir: string, file: string): Promise<{ siz
     }
     const sha256 = hash.digest('hex');
     await rename(tmp, join(imageDir, sha256));
-    await syncDir(imageDir);
+    await fsyncPath(imageDir);
     return { size, sha256 };
   } catch (err) {
     await unlink(tmp).catch(() => undefined);
@@ -241,14 +242,5 @@ export async function importImage(imageDir: string, file: string): Promise<{ siz
 export async function removeUnusedImage(store: FirmwareStore, sha256: string): Promise<void> {
   if (store.isUsed(sha256)) return;
   await unlink(store.imagePath({ sha256 })).catch(() => undefined);
-  await syncDir(store.imageDir);
-}
-
-async function syncDir(dir: string): Promise<void> {
-  const d = await open(dir, 'r');
-  try {
-    await d.sync();
-  } finally {
-    await d.close();
-  }
+  await fsyncPath(store.imageDir);
 }
