@@ -73,6 +73,9 @@ export interface RouteContext {
   commands: CommandService;
   limits: {
     loginByAddress: RateLimiter;
+    /** Wrong guesses at one login from one address: the brute-force limit (docs/api.md, Rate limits). */
+    loginByLoginAndAddress: RateLimiter;
+    /** All attempts at one login from anywhere: a much higher limit, against guessing from many addresses. */
     loginByLogin: RateLimiter;
     signupByAddress: RateLimiter;
     resendByAddress: RateLimiter;
@@ -168,6 +171,13 @@ export function send(reply: FastifyReply, status: number, token: string): Fastif
   return reply.code(status).type('text/plain; charset=utf-8').send(token);
 }
 
+/**
+ * The limit on attempts at one login from all addresses together, as a multiple of `rateLimits.login.limit`
+ * (which counts per login and address): a guesser at one address cannot lock the login for everyone else, while
+ * guessing from many addresses at once still stops (docs/api.md, Rate limits).
+ */
+export const LOGIN_GLOBAL_FACTOR = 10;
+
 export function buildApp(deps: AppDeps): FastifyInstance {
   const { config, log } = deps;
   const now = deps.now ?? Date.now;
@@ -205,7 +215,8 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     commands,
     limits: {
       loginByAddress: new RateLimiter({ limit: rl.login.limit * 5, windowMs: rl.login.windowMs, now }),
-      loginByLogin: new RateLimiter({ ...rl.login, now }),
+      loginByLoginAndAddress: new RateLimiter({ ...rl.login, now }),
+      loginByLogin: new RateLimiter({ limit: rl.login.limit * LOGIN_GLOBAL_FACTOR, windowMs: rl.login.windowMs, now }),
       signupByAddress: new RateLimiter({ ...rl.signup, now }),
       resendByAddress: new RateLimiter({ limit: rl.resend.limit * 5, windowMs: rl.resend.windowMs, now }),
       resendByLogin: new RateLimiter({ ...rl.resend, now }),

@@ -66,7 +66,13 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
     if (!form.login.ok || !form.password.ok) throw new ApiError('login-fail');
     const login = form.login.value;
     const password = form.password.value;
-    limit([[limits.loginByLogin, `${req.frontend.id} ${login}`]]);
+    // Per login and address first: an address that has used up its guesses at this login is refused without
+    // using up the login's shared allowance, which other addresses (its owner's) still need.
+    const pair = `${req.frontend.id} ${login} ${address(req)}`;
+    limit([
+      [limits.loginByLoginAndAddress, pair],
+      [limits.loginByLogin, `${req.frontend.id} ${login}`],
+    ]);
     const user = store.userByLogin(req.frontend.id, login);
     const ok = user
       ? await guarded(hasher.verify(password, user.passwordHash))
@@ -75,7 +81,8 @@ export function registerSessionRoutes(app: FastifyInstance, ctx: RouteContext): 
       ctx.log.info({ event: 'session.login_failed', frontend: req.frontend.id });
       throw new ApiError('login-fail');
     }
-    limits.loginByLogin.reset(`${req.frontend.id} ${login}`);
+    // The login's shared count is not reset: a success from one address says nothing about guesses from others.
+    limits.loginByLoginAndAddress.reset(pair);
     await startSession(req, reply, store, config, user.id, now());
     ctx.log.info({ event: 'session.login', frontend: req.frontend.id, userId: user.id });
     if (hasher.needsRehash(user.passwordHash)) {

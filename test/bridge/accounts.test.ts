@@ -5,6 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { readFileSync, readdirSync, rmSync } from 'node:fs';
+import http from 'node:http';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -29,10 +30,40 @@ interface Reply {
   headers: Headers;
 }
 
-/** An HTTP client with a cookie jar, as a browser would keep the session cookie. */
+/** A request with node's client from a chosen local address (`fetch` cannot pick one). */
+function requestFrom(
+  localAddress: string,
+  url: string,
+  init: { method: string; headers: Record<string, string>; body: string | undefined },
+): Promise<Response> {
+  return new Promise((resolve, reject) => {
+    const r = http.request(url, { method: init.method, headers: init.headers, localAddress }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const headers = new Headers();
+        for (const [k, v] of Object.entries(res.headers)) {
+          for (const one of Array.isArray(v) ? v : v === undefined ? [] : [v]) headers.append(k, one);
+        }
+        resolve(new Response(Buffer.concat(chunks), { status: res.statusCode ?? 0, headers }));
+      });
+      res.on('error', reject);
+    });
+    r.on('error', reject);
+    r.end(init.body);
+  });
+}
+
+/**
+ * An HTTP client with a cookie jar, as a browser would keep the session cookie; from `localAddress` when given
+ * (Linux routes all of 127.0.0.0/8 to the loopback interface, so each 127.x.y.z is a client address of its own).
+ */
 class Client {
   readonly cookies = new Map<string, string>();
-  constructor(private readonly base: string) {}
+  constructor(
+    private readonly base: string,
+    private readonly localAddress?: string,
+  ) {}
 
   get sid(): string | undefined {
     return this.cookies.get('sid');
@@ -47,7 +78,9 @@ class Client {
       body = new URLSearchParams(form).toString();
     }
     const url = pathOrUrl.startsWith('http') ? pathOrUrl : `${this.base}${pathOrUrl}`;
-    const res = await fetch(url, { method, headers, body, redirect: 'manual' });
+    const res = this.localAddress
+      ? await requestFrom(this.localAddress, url, { method, headers, body })
+      : await fetch(url, { method, headers, body, redirect: 'manual' });
     for (const c of res.headers.getSetCookie()) {
       const [pair = '', ...attrs] = c.split(';');
       const eq = pair.indexOf('=');
@@ -84,7 +117,8 @@ interface Harness {
   clock: { t: number };
   defaultFrontend: Frontend;
   dataDir: string;
-  client(): Client;
+  /** A client; from `localAddress` when given. */
+  client(localAddress?: string): Client;
   /** A frontend with the given product configuration. */
   frontend(config: Partial<ProductConfig>): Frontend;
 }
@@ -152,7 +186,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
     clock,
     defaultFrontend,
     dataDir,
-    client: () => new Client(url),
+    client: (localAddress?: string) => new Client(url, localAddress),
     frontend(settings) {
       const f: Frontend = {
         id: randomUUID(),
@@ -577,6 +611,66 @@ describe('rate limits', () => {
     expect(await c.post('/0/session/login', { login: 'fresh@example.com', password: PASSWORD })).toMatchObject({
       status: 403,
       body: 'login-fail',
+    });
+  });
+
+  it('locks out the guessing address, not the login: the owner still logs in from another address', async () => {
+    // The default limits: 10 guesses a minute per login and address, 100 per login from all addresses.
+    const h = await startBridgeApp(undefined);
+    await signup(h, 'vera@example.com');
+    const attacker = h.client('127.0.0.2');
+    const victim = h.client('127.0.0.3');
+    for (let i = 0; i < 10; i++) {
+      expect(
+        await attacker.post('/0/session/login', { login: 'vera@example.com', password: `guess ${i}xx` }),
+      ).toMatchObject({ status: 403, body: 'login-fail' });
+    }
+    // The attacker's address is still stopped, even with the right password and another spelling of the login.
+    const stopped = await attacker.post('/0/session/login', { login: 'VERA@example.com', password: PASSWORD });
+    expect(stopped).toMatchObject({ status: 429, body: 'too-many-requests' });
+    expect(stopped.headers.get('retry-after')).toBe('60');
+    // The owner, from another address, logs in at once.
+    expect(await victim.post('/0/session/login', { login: 'vera@example.com', password: PASSWORD })).toMatchObject({
+      status: 201,
+      body: 'login-ok',
+    });
+    expect(await victim.user()).toMatchObject({ status: 200, user: { login: 'vera@example.com' } });
+    // Her success does not free the attacker's address.
+    h.clock.t += 30_000;
+    expect(
+      await attacker.post('/0/session/login', { login: 'vera@example.com', password: 'guess 11xx' }),
+    ).toMatchObject({ status: 429 });
+    h.clock.t += 30_001;
+    expect(
+      await attacker.post('/0/session/login', { login: 'vera@example.com', password: 'guess 12xx' }),
+    ).toMatchObject({ status: 403, body: 'login-fail' });
+  });
+
+  it('still stops guessing spread over many addresses, with the shared limit of ten times the per-address one', async () => {
+    // 2 per login and address, so 20 per login from all addresses together.
+    const h = await startBridgeApp(undefined, { rateLimits: { login: { limit: 2, windowMs: 60_000 } } });
+    await signup(h, 'wanda@example.com');
+    for (let a = 10; a < 20; a++) {
+      const bot = h.client(`127.0.1.${a}`);
+      for (let i = 0; i < 2; i++) {
+        expect(
+          await bot.post('/0/session/login', { login: 'wanda@example.com', password: `guess ${a} ${i}` }),
+        ).toMatchObject({ status: 403, body: 'login-fail' });
+      }
+    }
+    // A fresh address gets no further guess at this login; other logins are not affected.
+    const fresh = h.client('127.0.1.99');
+    const r = await fresh.post('/0/session/login', { login: 'wanda@example.com', password: 'guess 99xx' });
+    expect(r).toMatchObject({ status: 429, body: 'too-many-requests' });
+    expect(r.headers.get('retry-after')).toBe('60');
+    expect(await fresh.post('/0/session/login', { login: 'other@example.com', password: PASSWORD })).toMatchObject({
+      status: 403,
+      body: 'login-fail',
+    });
+    h.clock.t += 60_001;
+    expect(await fresh.post('/0/session/login', { login: 'wanda@example.com', password: PASSWORD })).toMatchObject({
+      status: 201,
+      body: 'login-ok',
     });
   });
 
