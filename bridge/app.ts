@@ -25,6 +25,7 @@ import type { Mailer } from './mail/mailer.js';
 import { registerMetrics } from './metrics.js';
 import { OPENAPI_PATH, buildOpenApi } from './openapi.js';
 import { readSession } from './sessions/cookie.js';
+import { registerOriginCheck } from './sessions/origin.js';
 import { registerSessionRoutes } from './sessions/routes.js';
 import type { BridgeStore, Frontend, Session, User } from './store/types.js';
 import { registerUserRoutes } from './users/routes.js';
@@ -249,6 +250,9 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     (_req: FastifyRequest, body: Buffer, done: (err: null, v: unknown) => void) =>
       done(null, body.length === 0 ? {} : UNREAD_BODY),
   );
+
+  // Before anything else of a state-changing request: a cross-site one is refused unread.
+  registerOriginCheck(app, config, log);
 
   app.decorateRequest('frontend', null as unknown as Frontend);
   app.decorateRequest('frontendSource', 'default' as FrontendSource);

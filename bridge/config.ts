@@ -19,6 +19,18 @@ const limit = (limitDefault: number, windowMsDefault: number) =>
     .strict()
     .prefault({});
 
+/** `scheme://host[:port]` over http or https, nothing after it but an optional slash. */
+function isOrigin(value: string): boolean {
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    return false;
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') return false;
+  return value.replace(/\/$/, '').toLowerCase() === url.origin;
+}
+
 export const BridgeConfigSchema = z
   .object({
     /** Database and outbox. */
@@ -35,6 +47,19 @@ export const BridgeConfigSchema = z
         trustProxy: z.union([z.boolean(), z.array(z.string().min(1))]).default(false),
         /** The public base URL used in e-mailed links, e.g. https://devcloud.example.com. */
         publicUrl: z.string().url().optional(),
+        /**
+         * Origins of web apps on other sites that may send state-changing requests with a user's cookie, e.g.
+         * https://app.example.com (docs/api.md, Cross-site requests).
+         */
+        allowedOrigins: z
+          .array(
+            z.string().refine(isOrigin, {
+              message:
+                'expected an origin: scheme://host[:port] with http or https and no path, e.g. https://app.example.com',
+            }),
+          )
+          .max(1000)
+          .default([]),
         /** Largest request body, bytes. */
         bodyLimit: z
           .number()
@@ -264,6 +289,14 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     kind: 'string',
     arg: 'URL',
     help: 'base URL used in e-mailed links',
+  },
+  {
+    key: 'http.allowedOrigins',
+    flag: '--allowed-origin',
+    env: 'DEVCLOUD_ALLOWED_ORIGINS',
+    kind: 'list',
+    arg: 'ORIGIN',
+    help: 'origin of a web app on another site that may change state; repeat, or separate with commas',
   },
   {
     key: 'mqtt.url',

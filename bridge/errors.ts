@@ -34,6 +34,8 @@ export const ERRORS = {
   'firmware-fail': { status: 400, body: 'firmware-fail' },
   /** An image download without a valid job token. */
   'fw-token-fail': { status: 401, body: 'unauthorized' },
+  /** A state-changing request from a page of another site (bridge/sessions/origin.ts). */
+  'origin-fail': { status: 403, body: 'origin-fail' },
   'too-many-requests': { status: 429, body: 'too-many-requests' },
   /** The password hashing queue is full: try again shortly. */
   busy: { status: 503, body: 'busy' },

@@ -871,6 +871,14 @@ const COMMON: Record<number, Outcome> = {
   500: { description: 'An unexpected failure; it is logged as `http.failed`.', tokens: [token('internal')] },
 };
 
+/** The answer of every state-changing route to a request from a page of another site. */
+const CROSS_SITE: Outcome = {
+  description:
+    'A cross-site request: `Origin` (else `Referer`) names a page on another host than the request was addressed ' +
+    'to, not in `http.allowedOrigins`; or `Origin: null`. Requests with neither header are not checked.',
+  tokens: [token('origin-fail')],
+};
+
 /** Fastify's own answer to a request that arrives while the bridge shuts down. */
 const SHUTTING_DOWN = {
   type: 'object',
@@ -902,7 +910,19 @@ function responses(route: Route): Json {
   // A route that reads no frontend has no answer for an unknown one.
   const { 404: _unknownFrontend, ...noFrontend } = COMMON;
   const common = route.device ? noFrontend : COMMON;
-  for (const [status, o] of Object.entries({ ...common, ...route.responses })) out[status] = response(o);
+  const own: Record<number, Outcome> = { ...route.responses };
+  if (route.method !== 'get') {
+    // Every state-changing route refuses a request from a page of another site (bridge/sessions/origin.ts).
+    const own403 = own[403];
+    own[403] = own403
+      ? {
+          ...own403,
+          description: `${own403.description} Or: ${CROSS_SITE.description.charAt(0).toLowerCase()}${CROSS_SITE.description.slice(1)}`,
+          tokens: [...(own403.tokens ?? []), ...CROSS_SITE.tokens!],
+        }
+      : CROSS_SITE;
+  }
+  for (const [status, o] of Object.entries({ ...common, ...own })) out[status] = response(o);
   const own503 = route.responses[503];
   const shutdown = 'The bridge is shutting down (a JSON body from the HTTP server).';
   out['503'] = {
@@ -993,6 +1013,10 @@ export function buildOpenApi(config: BridgeConfig): Json {
         `${config.sessions.idleDays} days, absolute lifetime ${config.sessions.absoluteDays} days. A route that ` +
         'needs a session answers 401 `no-session` without one, except `GET /0/user/`, which answers 404 ' +
         '`not found`.\n\n' +
+        'Cross-site requests: a `POST` or `DELETE` whose `Origin` header (else `Referer`) names a page on another ' +
+        'host than the one it was addressed to answers 403 `origin-fail`, unless that origin is in ' +
+        '`http.allowedOrigins`; `Origin: null` too. A request with neither header (not sent from a web page) is ' +
+        'not checked.\n\n' +
         'Devices (decision 14): a device the user may not see answers exactly as one that does not exist: 404 ' +
         '`device-fail` to `GET`, 400 `device-fail` to `POST` and `DELETE`.',
     },

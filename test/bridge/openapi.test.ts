@@ -339,6 +339,16 @@ async function driveRoute(method: Method, path: string, cases: Case[], url = pat
           },
         ]
       : []),
+    ...(method === 'GET'
+      ? []
+      : [
+          {
+            name: 'a request from a page of another site',
+            status: 403,
+            token: 'origin-fail',
+            run: () => call(main.app, { method, url, headers: { origin: 'https://evil.example' } }),
+          },
+        ]),
   ];
   const seen = new Set<string>();
   const tokens = new Set<string>();
