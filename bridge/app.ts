@@ -20,6 +20,7 @@ import { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
 import { registerFirmwareRoutes } from './firmware/routes.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
+import { noSniff, registerSecurityHeaders } from './headers.js';
 import { LinkMonitor, registerHealthRoute } from './health.js';
 import type { Mailer } from './mail/mailer.js';
 import { registerMetrics } from './metrics.js';
@@ -200,6 +201,8 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     // routes have parameters: answer as for a device that does not exist (decisions 4 and 14), not with Fastify's
     // JSON that echoes the path.
     frameworkErrors: (_err, req, reply) => {
+      // The hooks do not run for these answers (registerSecurityHeaders).
+      noSniff(reply);
       if (!req.url.startsWith('/0/devices/')) void send(reply, 400, 'bad-request');
       else void send(reply, req.method === 'GET' || req.method === 'HEAD' ? 404 : 400, ERRORS['device-fail'].body);
     },
@@ -251,6 +254,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
       done(null, body.length === 0 ? {} : UNREAD_BODY),
   );
 
+  registerSecurityHeaders(app);
   // Before anything else of a state-changing request: a cross-site one is refused unread.
   registerOriginCheck(app, config, log);
 

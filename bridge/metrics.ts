@@ -3,13 +3,15 @@
  * registry, so that several apps can run in one process (tests). Counters kept elsewhere (the link's, the device
  * service's) and what the database holds are read at scrape time; HTTP requests are counted as they finish.
  *
- * Access: `metrics.enabled` (default true) registers the route; `metrics.tokenFile` names a file holding a bearer
- * token the scraper must send, compared in constant time. Without a token the route asks for none: the bridge
- * listens on 127.0.0.1 by default, and a public listener should sit behind a proxy that keeps `/metrics` inside.
+ * Access (docs/api.md, GET /metrics): `metrics.enabled` (default true) registers the route; `metrics.tokenFile`
+ * names a file holding a bearer token the scraper must send, compared in constant time. Without a token file only
+ * loopback clients are answered: the client address is the socket's peer (or, with `http.trustProxy`, the client
+ * a trusted proxy names), and a request that carries forwarding headers the bridge does not trust came through a
+ * proxy, so it is not taken for a local one.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { Counter, Gauge, type Metric, Registry, collectDefaultMetrics } from 'prom-client';
 import { UP_TOPICS } from '../protocol/index.js';
 import type { BridgeConfig } from './config.js';
@@ -20,6 +22,28 @@ import type { BridgeStore } from './store/types.js';
 export const METRICS_PATH = '/metrics';
 /** The answer to a scrape without the right token. */
 export const METRICS_UNAUTHORIZED = 'unauthorized';
+/** The answer to a scrape from another machine when no token is set. */
+export const METRICS_FORBIDDEN = 'metrics-local-only';
+
+/** Whether an address is a loopback one: 127.0.0.0/8, ::1, or 127.0.0.0/8 mapped into IPv6. */
+export function isLoopback(address: string | undefined): boolean {
+  if (address === undefined) return false;
+  const v4 = address.startsWith('::ffff:') ? address.slice(7) : address;
+  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4) || address === '::1';
+}
+
+/**
+ * Whether a request comes from this machine. Without forwarding headers: its socket's peer is a loopback address.
+ * With them it came through a proxy, through which any client would look local: then only when `http.trustProxy`
+ * trusts that proxy and the client it names is a loopback one (`req.ips` holds more than the socket's peer only
+ * when the peer is trusted).
+ */
+export function isLocalRequest(req: FastifyRequest): boolean {
+  if (!isLoopback(req.ip)) return false;
+  const forwarded = req.headers['x-forwarded-for'] !== undefined || req.headers.forwarded !== undefined;
+  if (!forwarded) return true;
+  return (req.ips?.length ?? 0) > 1;
+}
 
 const COMMAND_STATES = ['queued', 'sent', 'running', 'done', 'failed', 'expired'] as const;
 
@@ -251,6 +275,9 @@ export function registerMetrics(app: FastifyInstance, deps: MetricsDeps): void {
   });
 
   app.get(METRICS_PATH, { config: { device: true } }, async (req, reply) => {
+    if (!tokenHash && !isLocalRequest(req)) {
+      return reply.code(403).type('text/plain; charset=utf-8').send(METRICS_FORBIDDEN);
+    }
     if (tokenHash) {
       const m = /^Bearer (\S+)$/.exec(req.headers.authorization ?? '');
       // Hashes of equal length, so that the comparison takes the same time whatever was sent.

@@ -30,7 +30,7 @@ import { ERRORS, type ErrorCode } from './errors.js';
 import { FirmwareImageObject, FirmwareList } from './firmware/catalog.js';
 import { HEALTH_PATH, HealthObject } from './health.js';
 import { AppParam } from './frontends/schemas.js';
-import { METRICS_PATH, METRICS_UNAUTHORIZED } from './metrics.js';
+import { METRICS_FORBIDDEN, METRICS_PATH, METRICS_UNAUTHORIZED } from './metrics.js';
 import { COOKIE_NAME } from './sessions/cookie.js';
 import { sessionForms } from './sessions/schemas.js';
 import { UserDataForm, UserObject } from './users/schemas.js';
@@ -381,7 +381,7 @@ function operationsRoutes(config: BridgeConfig): Route[] {
       'durations, MQTT messages received and dropped, the link state, devices known and connected, commands by ' +
       'state, open firmware jobs, and the process figures. ' +
       (config.metrics.tokenFile === undefined
-        ? 'No token is set (`metrics.tokenFile`): it asks for none. '
+        ? 'No token is set (`metrics.tokenFile`): it answers loopback clients only, and asks them for none. '
         : 'It asks for `Authorization: Bearer <token>` with the token of `metrics.tokenFile`. ') +
       'No frontend, no session: `app` is not read. Switched off with `metrics.enabled: false`.',
     device: true,
@@ -391,6 +391,13 @@ function operationsRoutes(config: BridgeConfig): Route[] {
     metrics.responses[401] = {
       description: 'No token, or a wrong one (`WWW-Authenticate: Bearer`).',
       tokens: [METRICS_UNAUTHORIZED],
+    };
+  } else {
+    metrics.responses[403] = {
+      description:
+        'A client that is not on this machine: its address is not a loopback one, or it came through a proxy ' +
+        'that `http.trustProxy` does not trust. Set `metrics.tokenFile` to scrape from elsewhere.',
+      tokens: [METRICS_FORBIDDEN],
     };
   }
   return [health, metrics];

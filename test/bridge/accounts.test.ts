@@ -396,6 +396,14 @@ describe('password recovery', () => {
     expect(form.body).toContain(`name="token" value="${u.searchParams.get('token')}"`);
     expect(form.body).toContain('name="login" value="frank@example.com"');
     expect(form.body).toContain('type="password" name="password"');
+    // The page may run no script, load nothing, post only back to the bridge, and not be framed: it carries the
+    // token. It needs nothing else: no script or style of its own.
+    expect(form.headers.get('content-security-policy')).toBe(
+      "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    );
+    expect(form.headers.get('x-frame-options')).toBe('DENY');
+    expect(form.headers.get('x-content-type-options')).toBe('nosniff');
+    expect(form.body).not.toMatch(/<script|<style|style=|<link|<img|<iframe|\son\w+=/i);
 
     const browser = h.client();
     expect(await browser.post('/0/session/recover', formOf(viaRecovery, 'new password 2'))).toMatchObject({

@@ -140,6 +140,8 @@ interface Call {
   accept?: string;
   /** Further request headers (a device's `Authorization`, a `Range`). */
   headers?: Record<string, string>;
+  /** The client's address as the socket would give it (default 127.0.0.1). */
+  remoteAddress?: string;
 }
 
 interface Answer {
@@ -174,6 +176,7 @@ async function call(app: FastifyInstance, c: Call): Promise<Answer> {
     url: c.url,
     headers,
     ...(payload === undefined ? {} : { payload }),
+    ...(c.remoteAddress === undefined ? {} : { remoteAddress: c.remoteAddress }),
   });
   const setCookie = res.headers['set-cookie'];
   const sid = typeof setCookie === 'string' ? /^sid=([^;]*)/.exec(setCookie)?.[1] : undefined;
@@ -2310,6 +2313,12 @@ describe('the health and metrics routes answer what the document lists', () => {
         name: 'an app that names no frontend: the route reads none',
         status: 200,
         run: () => call(main.app, { method: 'GET', url: `/metrics?app=${randomUUID()}` }),
+      },
+      {
+        name: 'no token set, a client on another machine',
+        status: 403,
+        token: 'metrics-local-only',
+        run: () => call(main.app, { method: 'GET', url: '/metrics', remoteAddress: '192.0.2.7' }),
       },
     ]);
   });

@@ -6,6 +6,8 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { networkInterfaces } from 'node:os';
 import { join } from 'node:path';
 import mqtt from 'mqtt';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -242,6 +244,30 @@ describe('GET /metrics', () => {
   });
 });
 
+/** The first IPv4 address of this machine that is not a loopback one. */
+function nonLoopbackAddress(): string | undefined {
+  for (const list of Object.values(networkInterfaces())) {
+    for (const a of list ?? []) if (a.family === 'IPv4' && !a.internal) return a.address;
+  }
+  return undefined;
+}
+
+/** A GET with node's client, from a chosen local address (`fetch` cannot choose one). */
+function rawGet(
+  url: string,
+  opts: { localAddress?: string; headers?: Record<string, string> } = {},
+): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const r = http.get(url, { headers: opts.headers, localAddress: opts.localAddress }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('error', reject);
+    });
+    r.on('error', reject);
+  });
+}
+
 describe('access to /metrics', () => {
   const dirs: string[] = [];
   afterAll(() => {
@@ -275,6 +301,79 @@ describe('access to /metrics', () => {
       expect(Object.keys(doc.paths['/metrics']!.get.responses)).toContain('401');
     } finally {
       await b.close();
+    }
+  });
+
+  it('answers only loopback clients without a token; another machine needs the token', async (ctx) => {
+    const remote = nonLoopbackAddress();
+    if (remote === undefined) {
+      // A client that is not on loopback needs an address of this machine on another interface.
+      if (process.env.CI === 'true')
+        throw new Error('no non-loopback IPv4 address: give the machine a network interface');
+      console.error('skipped: no non-loopback IPv4 address on this machine (give it a network interface)');
+      ctx.skip();
+      return;
+    }
+    // Listening on every address: the same bridge is reached over loopback and over the machine's own address,
+    // whose connections come from that (non-loopback) address.
+    const open = await startTestBridge({ transport: 'http', host: '0.0.0.0' });
+    const token = randomBytes(24).toString('base64url');
+    const guarded = await startTestBridge({
+      transport: 'http',
+      host: '0.0.0.0',
+      config: { metrics: { tokenFile: tokenFile(token) } },
+    });
+    try {
+      const port = (b: TestBridge) => Number(new URL(b.url!).port);
+      const local = await rawGet(`http://127.0.0.1:${port(open)}/metrics`, { localAddress: '127.0.0.1' });
+      expect(local.status).toBe(200);
+      expect(local.body).toContain('devcloud_http_requests_total');
+      // Any address of 127.0.0.0/8 is loopback.
+      expect((await rawGet(`http://127.0.0.1:${port(open)}/metrics`, { localAddress: '127.3.2.1' })).status).toBe(200);
+      const far = await rawGet(`http://${remote}:${port(open)}/metrics`, { localAddress: remote });
+      expect([far.status, far.body]).toEqual([403, 'metrics-local-only']);
+      // With a token, the other machine is let in by the token, and only by it.
+      const url = `http://${remote}:${port(guarded)}/metrics`;
+      expect((await rawGet(url, { localAddress: remote })).status).toBe(401);
+      const ok = await rawGet(url, { localAddress: remote, headers: { authorization: `Bearer ${token}` } });
+      expect(ok.status).toBe(200);
+      expect(ok.body).toContain('devcloud_http_requests_total');
+      // The health probe stays open to everyone.
+      expect((await rawGet(`http://${remote}:${port(open)}/healthz`, { localAddress: remote })).status).toBe(200);
+    } finally {
+      await open.close();
+      await guarded.close();
+    }
+  });
+
+  it('takes a client through a proxy for local only when http.trustProxy trusts the proxy', async () => {
+    const direct = await startTestBridge({ transport: 'http' });
+    const proxied = await startTestBridge({ transport: 'http', config: { http: { trustProxy: ['127.0.0.1'] } } });
+    try {
+      // Through a proxy the bridge does not trust, any client looks local: forwarding headers give it away.
+      const viaProxy: Array<Record<string, string>> = [
+        { 'x-forwarded-for': '127.0.0.1' },
+        { forwarded: 'for=203.0.113.7' },
+      ];
+      for (const headers of viaProxy) {
+        const r = await rawGet(`${direct.url}/metrics`, { headers });
+        expect([r.status, r.body]).toEqual([403, 'metrics-local-only']);
+      }
+      expect((await rawGet(`${direct.url}/metrics`)).status).toBe(200);
+      // A trusted proxy names the client: a remote one is refused, a local one answered.
+      const far = await rawGet(`${proxied.url}/metrics`, { headers: { 'x-forwarded-for': '203.0.113.7' } });
+      expect([far.status, far.body]).toEqual([403, 'metrics-local-only']);
+      const spoofed = await rawGet(`${proxied.url}/metrics`, {
+        headers: { 'x-forwarded-for': '127.0.0.1, 203.0.113.7' },
+      });
+      expect(spoofed.status).toBe(403);
+      expect((await rawGet(`${proxied.url}/metrics`, { headers: { 'x-forwarded-for': '127.0.0.1' } })).status).toBe(
+        200,
+      );
+      expect((await rawGet(`${proxied.url}/metrics`)).status).toBe(200);
+    } finally {
+      await direct.close();
+      await proxied.close();
     }
   });
 

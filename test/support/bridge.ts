@@ -231,6 +231,8 @@ export interface TestBridgeOptions {
   transport?: Transport;
   config?: ConfigOverrides;
   clock?: TestClock;
+  /** The address to listen on (default 127.0.0.1); `url` names 127.0.0.1 for a wildcard address. */
+  host?: string;
 }
 
 export interface TestBridge {
@@ -285,10 +287,11 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
     await app.ready();
     send = injectSend(app);
   } else {
-    await app.listen({ host: '127.0.0.1', port: 0 });
+    const host = opts.host ?? '127.0.0.1';
+    await app.listen({ host, port: 0 });
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : 0;
-    url = `${transport}://127.0.0.1:${port}`;
+    url = `${transport}://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host}:${port}`;
     const base = url;
     send = tls ? (req) => nodeRequest(base, req, tls.cert) : fetchSend(base);
   }
