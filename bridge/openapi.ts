@@ -262,7 +262,8 @@ function routes(config: BridgeConfig): Route[] {
       summary: 'The page of the recovery link',
       description:
         'A small HTML form, opened from the recovery e-mail, that posts `login`, `token` (and `app`) with the new ' +
-        '`password` to `POST /0/session/recover`. `Cache-Control: no-store`, `Referrer-Policy: no-referrer`.',
+        '`password` to `POST /0/session/recover`. `Cache-Control: no-store`, `Referrer-Policy: same-origin`; a Content-Security-Policy that allows no ' +
+        'script and no framing, and `X-Frame-Options: DENY`.',
       query: RecoverPageQuery,
       responses: { 200: { description: 'The form.', html: true } },
     },

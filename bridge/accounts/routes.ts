@@ -127,10 +127,12 @@ export function registerAccountRoutes(app: FastifyInstance, ctx: RouteContext): 
     const { login, token } = RecoverPageQuery.parse(query(req));
     const appId =
       req.frontendSource === 'host' ? '' : `<input type="hidden" name="app" value="${escapeHtml(req.frontend.id)}">`;
+    // The token in this page's URL goes to no other site. Not `no-referrer`: with it, browsers send `Origin: null`
+    // with the form, which the cross-site check must refuse (docs/api.md, Cross-site requests).
     return reply
       .type('text/html; charset=utf-8')
       .header('cache-control', 'no-store')
-      .header('referrer-policy', 'no-referrer')
+      .header('referrer-policy', 'same-origin')
       .send(
         `<!doctype html><meta charset="utf-8"><title>New password</title>` +
           `<form method="post" action="/0/session/recover">` +

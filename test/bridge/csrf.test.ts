@@ -185,6 +185,24 @@ describe('cross-site requests', () => {
     expect(await d.post('/0/user/', { form: { x: '1' }, headers })).toMatchObject({ status: 403, body: 'origin-fail' });
   });
 
+  it("lets the recovery page's own form through: its referrer policy keeps the page's origin in the post", async () => {
+    const b = await start();
+    const page = `${b.url}/0/session/recover?login=ivy%40example.com&token=abc`;
+    const r = await b.client().get(page.slice(b.url!.length));
+    expect(r.status).toBe(200);
+    // Not `no-referrer`: with it a browser sends the form with `Origin: null`, which is refused.
+    const policy = await fetch(page).then((res) => res.headers.get('referrer-policy'));
+    expect(policy).toBe('same-origin');
+    // What a browser sends for the form under that policy: the page's origin, and the page as Referer.
+    const post = await b.client().post('/0/session/recover', {
+      form: { login: 'ivy@example.com', token: 'abc', password: 'new password 1' },
+      headers: { origin: b.url!, referer: page },
+    });
+    // Past the origin check: the token is wrong, so the route's own failure.
+    expect([post.status, post.body]).toEqual([400, 'recover-fail']);
+    expect(b.sink.events('http.origin_refused')).toEqual([]);
+  });
+
   it('refuses an allowed origin that is not an origin, with the key at fault', () => {
     for (const bad of ['https://app.example.com/path', 'ftp://app.example.com', 'app.example.com', 'null', '*']) {
       const r = BridgeConfigSchema.safeParse({ dataDir: '/x', http: { allowedOrigins: [bad] } });
