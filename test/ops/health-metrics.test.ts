@@ -7,7 +7,6 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
-import { networkInterfaces } from 'node:os';
 import { join } from 'node:path';
 import mqtt from 'mqtt';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -23,6 +22,7 @@ import { topicFor } from '../../protocol/index.js';
 import { LogSink, type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type LiveBridge, type TestBridge, startLiveBridge, startTestBridge } from '../support/bridge.js';
 import { type TestBroker, startMosquitto } from '../support/brokers.js';
+import { type Netns, makeNetns, netnsUnavailable } from '../support/netns.js';
 import { until } from '../support/wait.js';
 
 /** One sample of the text format: `name{label="value",...} number`. */
@@ -244,14 +244,6 @@ describe('GET /metrics', () => {
   });
 });
 
-/** The first IPv4 address of this machine that is not a loopback one. */
-function nonLoopbackAddress(): string | undefined {
-  for (const list of Object.values(networkInterfaces())) {
-    for (const a of list ?? []) if (a.family === 'IPv4' && !a.internal) return a.address;
-  }
-  return undefined;
-}
-
 /** A GET with node's client, from a chosen local address (`fetch` cannot choose one). */
 function rawGet(
   url: string,
@@ -270,8 +262,10 @@ function rawGet(
 
 describe('access to /metrics', () => {
   const dirs: string[] = [];
-  afterAll(() => {
+  let ns: Netns | undefined;
+  afterAll(async () => {
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    await ns?.close();
   });
 
   function tokenFile(content: string): string {
@@ -305,17 +299,24 @@ describe('access to /metrics', () => {
   });
 
   it('answers only loopback clients without a token; another machine needs the token', async (ctx) => {
-    const remote = nonLoopbackAddress();
-    if (remote === undefined) {
-      // A client that is not on loopback needs an address of this machine on another interface.
-      if (process.env.CI === 'true')
-        throw new Error('no non-loopback IPv4 address: give the machine a network interface');
-      console.error('skipped: no non-loopback IPv4 address on this machine (give it a network interface)');
+    // Another machine: a network namespace of the test's own, joined to this one by a veth pair.
+    let missing = netnsUnavailable();
+    if (missing === undefined) {
+      try {
+        ns = await makeNetns();
+      } catch (e) {
+        missing = `root (CAP_NET_ADMIN) to make a network namespace (${(e as Error).message})`;
+      }
+    }
+    if (ns === undefined) {
+      if (process.env.CI === 'true') throw new Error(`a client in a network namespace needs ${missing}`);
+      console.error(`skipped: a client in a network namespace needs ${missing}`);
       ctx.skip();
       return;
     }
-    // Listening on every address: the same bridge is reached over loopback and over the machine's own address,
-    // whose connections come from that (non-loopback) address.
+    const far = ns;
+    // Listening on every address: the same bridge is reached over loopback and over the veth, whose connections
+    // come from the namespace's (non-loopback) address.
     const open = await startTestBridge({ transport: 'http', host: '0.0.0.0' });
     const token = randomBytes(24).toString('base64url');
     const guarded = await startTestBridge({
@@ -330,16 +331,19 @@ describe('access to /metrics', () => {
       expect(local.body).toContain('devcloud_http_requests_total');
       // Any address of 127.0.0.0/8 is loopback.
       expect((await rawGet(`http://127.0.0.1:${port(open)}/metrics`, { localAddress: '127.3.2.1' })).status).toBe(200);
-      const far = await rawGet(`http://${remote}:${port(open)}/metrics`, { localAddress: remote });
-      expect([far.status, far.body]).toEqual([403, 'metrics-local-only']);
+      const refused = await far.get(`http://${far.hostAddress}:${port(open)}/metrics`);
+      expect([refused.status, refused.body]).toEqual([403, 'metrics-local-only']);
       // With a token, the other machine is let in by the token, and only by it.
-      const url = `http://${remote}:${port(guarded)}/metrics`;
-      expect((await rawGet(url, { localAddress: remote })).status).toBe(401);
-      const ok = await rawGet(url, { localAddress: remote, headers: { authorization: `Bearer ${token}` } });
+      const url = `http://${far.hostAddress}:${port(guarded)}/metrics`;
+      expect((await far.get(url)).status).toBe(401);
+      expect((await far.get(url, { authorization: 'Bearer wrong' })).status).toBe(401);
+      const ok = await far.get(url, { authorization: `Bearer ${token}` });
       expect(ok.status).toBe(200);
       expect(ok.body).toContain('devcloud_http_requests_total');
       // The health probe stays open to everyone.
-      expect((await rawGet(`http://${remote}:${port(open)}/healthz`, { localAddress: remote })).status).toBe(200);
+      expect((await far.get(`http://${far.hostAddress}:${port(open)}/healthz`)).status).toBe(200);
+      // The refusal was the client's address, not the way in: loopback on the same bridge is still answered.
+      expect((await rawGet(`http://127.0.0.1:${port(open)}/metrics`)).status).toBe(200);
     } finally {
       await open.close();
       await guarded.close();
