@@ -871,6 +871,14 @@ const COMMON: Record<number, Outcome> = {
   500: { description: 'An unexpected failure; it is logged as `http.failed`.', tokens: [token('internal')] },
 };
 
+/** What every route that changes something may answer besides its own. */
+const STORAGE_FULL: Outcome = {
+  description:
+    "The disk of the bridge's data directory is full: nothing was changed. Reads still work; the same request " +
+    'succeeds once space is freed, without a restart.',
+  tokens: [token('storage-full')],
+};
+
 /** Fastify's own answer to a request that arrives while the bridge shuts down. */
 const SHUTTING_DOWN = {
   type: 'object',
@@ -901,7 +909,7 @@ function responses(route: Route): Json {
   const out: Record<string, Json> = {};
   // A route that reads no frontend has no answer for an unknown one.
   const { 404: _unknownFrontend, ...noFrontend } = COMMON;
-  const common = route.device ? noFrontend : COMMON;
+  const common = { ...(route.device ? noFrontend : COMMON), ...(route.method === 'get' ? {} : { 507: STORAGE_FULL }) };
   for (const [status, o] of Object.entries({ ...common, ...route.responses })) out[status] = response(o);
   const own503 = route.responses[503];
   const shutdown = 'The bridge is shutting down (a JSON body from the HTTP server).';
