@@ -1,7 +1,9 @@
 /**
  * A full disk under a real bridge process: its data directory is a small tmpfs, filled up with one file. A change
  * answers `507 storage-full` (not `500 internal-error`), reads go on, `/healthz` says why, and once the file is
- * removed changes work again, and reach the device, without a restart.
+ * removed changes work again, and reach the device, without a restart. A device that connects while the disk is
+ * full is sent what waits for it although its hello cannot be stored, and a bridge killed while the disk is full
+ * starts again and serves reads. The tests run in order on one bridge and one device.
  */
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
