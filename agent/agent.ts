@@ -10,7 +10,7 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { type Logger, type LogLevel, recentProblems } from '../lib/log.js';
-import { type Db, GroupCommitter, openDatabase } from '../lib/sqlite.js';
+import { type Db, GroupCommitter, freeBytes, openDatabase } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
@@ -87,7 +87,12 @@ export class Agent {
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
     this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS);
-    this.commit = new GroupCommitter(this.db);
+    this.commit = new GroupCommitter(this.db, {
+      onStorageChange: (full, err) => {
+        if (full) log.error({ event: 'storage.full', stateDir: config.stateDir, err: String(err) });
+        else log.info({ event: 'storage.recovered', stateDir: config.stateDir });
+      },
+    });
     const store = new VarStore(this.db, config.store.historyLimit);
 
     this.uplink = new Uplink({
@@ -272,6 +277,13 @@ export class Agent {
       broker: safeUrl(this.config.mqtt.url),
       connects: this.uplink.connects,
       pending: this.vars.pending(),
+      // Whether writes fail for lack of space now (`devcloud-agent doctor` reports it).
+      storage: {
+        full: this.commit.storage.full,
+        fullSince: this.commit.storage.fullSince ?? null,
+        refused: this.commit.storage.refused,
+        freeBytes: freeBytes(this.config.stateDir) ?? null,
+      },
       sync: this.vars.counters,
       dropped: this.uplink.dropped,
       nearby: { port: this.nearby.port ?? null, listening: this.nearby.listening, ...this.nearby.counters },

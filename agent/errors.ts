@@ -9,6 +9,8 @@ export const AGENT_ERROR_CODES = {
   'too-large': 'the value is larger than allowed',
   unavailable: 'the agent is shutting down or not ready',
   refused: 'the operation does not apply in the current state (for example, no update to commit)',
+  'storage-full':
+    'the disk of the state directory is full: nothing was changed; reads work, and writes work again once space is freed',
   internal: 'an unexpected failure; the agent log has the details',
 } as const;
 

@@ -8,6 +8,7 @@ import { isUtf8 } from 'node:buffer';
 import { readFileSync } from 'node:fs';
 import type { z } from 'zod';
 import type { Logger } from '../lib/log.js';
+import { isStorageFull } from '../lib/sqlite.js';
 import type { PasswordHasher } from './accounts/password.js';
 import { RateLimiter } from './accounts/ratelimit.js';
 import { registerAccountRoutes } from './accounts/routes.js';
@@ -301,6 +302,11 @@ export function buildApp(deps: AppDeps): FastifyInstance {
       else if (e.status >= 500) log.error({ event: 'http.failed', route: req.routeOptions.url, code: err.code });
       return send(reply, e.status, e.body);
     }
+    if (isStorageFull(err)) {
+      // Logged once as `storage.full` by the store, not once per refused request.
+      log.debug({ event: 'http.storage_full', route: req.routeOptions.url });
+      return send(reply, ERRORS['storage-full'].status, ERRORS['storage-full'].body);
+    }
     const status = err.statusCode ?? 500;
     if (status < 500) {
       // Fastify refused the input (bad JSON, wrong content, too large): the route's own failure token.
@@ -323,6 +329,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     dataDir: config.dataDir,
     link,
     linkGraceMs: config.health.linkGraceMs,
+    minFreeBytes: config.health.minFreeBytes,
     log,
   });
 

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
 import { createLogger } from '../lib/log.js';
+import { isStorageFull } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { PasswordHasher } from './accounts/password.js';
@@ -297,7 +298,7 @@ export async function startBridge(
   config: BridgeConfig,
   log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } }),
 ): Promise<RunningBridge> {
-  const store = new SqliteStore(config.dataDir);
+  const store = new SqliteStore(config.dataDir, log);
   const defaultFrontend = ensureDefaultFrontend(store, Date.now());
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
@@ -332,7 +333,15 @@ export async function startBridge(
   }
   if (config.mqtt.url === undefined) {
     // A new embedded broker has no device connected, whatever the database says from before.
-    const stale = await store.write(() => store.devices.markAllDisconnected(Date.now()), { durable: false });
+    // A bridge on a full disk still starts and serves reads (docs/operations.md, "A full disk"): the states are
+    // put right as devices connect.
+    const stale = await store
+      .write(() => store.devices.markAllDisconnected(Date.now()), { durable: false })
+      .catch((err: unknown) => {
+        if (!isStorageFull(err)) throw err;
+        log.warn({ event: 'devices.mark_failed', err: String(err) });
+        return 0;
+      });
     if (stale > 0) log.info({ event: 'devices.marked_disconnected', count: stale });
     try {
       broker = await EmbeddedBroker.start({

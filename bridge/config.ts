@@ -205,6 +205,13 @@ export const BridgeConfigSchema = z
       .object({
         /** `GET /healthz` answers 503 once the link to the MQTT broker has been down this long, ms. */
         linkGraceMs: z.number().int().min(0).max(86_400_000).default(60_000),
+        /** `GET /healthz` answers 503 below this much free space for the data directory, bytes; 0: only failed writes. */
+        minFreeBytes: z
+          .number()
+          .int()
+          .min(0)
+          .max(2 ** 50)
+          .default(16 * 1024 * 1024),
       })
       .strict()
       .prefault({}),

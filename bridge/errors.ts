@@ -39,6 +39,8 @@ export const ERRORS = {
   'too-many-requests': { status: 429, body: 'too-many-requests' },
   /** The password hashing queue is full: try again shortly. */
   busy: { status: 503, body: 'busy' },
+  /** The data directory's disk is full: the change was not made; reads still work (docs/api.md, Errors). */
+  'storage-full': { status: 507, body: 'storage-full' },
   internal: { status: 500, body: 'internal-error' },
 } as const satisfies Record<string, { status: number; body: string }>;
 

@@ -1,13 +1,15 @@
 /**
  * `GET /healthz`: whether this bridge can do its work, for a load balancer, systemd or a monitoring probe. It
- * answers 200 while the database answers and its folder is writable, and the link to the MQTT broker is up or
- * has been down for less than `health.linkGraceMs`; 503 otherwise. No frontend, no session.
+ * answers 200 while the database answers and its folder is writable, its disk has room (`storage`), and the
+ * link to the MQTT broker is up or has been down for less than `health.linkGraceMs`; 503 otherwise. No
+ * frontend, no session.
  */
 import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import type { Logger } from '../lib/log.js';
+import { freeBytes } from '../lib/sqlite.js';
 import { VERSION } from '../lib/version.js';
 import type { Link } from './devices/link.js';
 import type { BridgeStore } from './store/types.js';
@@ -69,10 +71,26 @@ export class LinkMonitor {
 
 export const HealthObject = z
   .object({
-    /** `failing` when `database` is, or when the link has been down longer than `health.linkGraceMs`. */
+    /**
+     * `failing` when `database` is, when `storage` is not `ok`, or when the link has been down longer than
+     * `health.linkGraceMs`.
+     */
     status: z.enum(['ok', 'failing']),
     /** `ok`: a read in a write transaction answered, and the data directory is writable. */
     database: z.enum(['ok', 'failing']),
+    storage: z
+      .object({
+        /**
+         * `full`: the last write failed for lack of space (changes answer `507 storage-full`; reads work);
+         * `low`: less than `health.minFreeBytes` is free; `ok` otherwise.
+         */
+        status: z.enum(['ok', 'low', 'full']),
+        /** Free bytes on the data directory's file system; null when unknown. */
+        freeBytes: z.number().int().min(0).nullable(),
+        /** Since when writes fail for lack of space, ms since the epoch; null while they work. */
+        fullSince: z.number().int().nullable(),
+      })
+      .strict(),
     mqtt: z
       .object({
         broker: z.enum(['embedded', 'external', 'none']),
@@ -94,6 +112,7 @@ export interface HealthDeps {
   dataDir: string;
   link: LinkMonitor;
   linkGraceMs: number;
+  minFreeBytes: number;
   log: Logger;
 }
 
@@ -115,14 +134,22 @@ export function registerHealthRoute(app: FastifyInstance, deps: HealthDeps): voi
       return false;
     }
   };
+  const checkStorage = (): HealthObject['storage'] => {
+    const free = freeBytes(deps.dataDir);
+    const { full, fullSince } = store.storage;
+    const status = full ? 'full' : free !== undefined && free < deps.minFreeBytes ? 'low' : 'ok';
+    return { status, freeBytes: free ?? null, fullSince: fullSince ?? null };
+  };
   app.get(HEALTH_PATH, { config: { device: true } }, async (_req, reply) => {
     const database = await checkDatabase();
+    const storage = checkStorage();
     const downSince = link.downSince;
     const linkFailing = downSince !== undefined && link.downForMs() >= deps.linkGraceMs;
-    const ok = database && !linkFailing;
+    const ok = database && storage.status === 'ok' && !linkFailing;
     const body: HealthObject = {
       status: ok ? 'ok' : 'failing',
       database: database ? 'ok' : 'failing',
+      storage,
       mqtt: { broker: link.broker, connected: link.connected, downSince: downSince ?? null },
       version: VERSION,
       uptimeSec: Math.floor(process.uptime()),

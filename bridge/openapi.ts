@@ -887,6 +887,14 @@ const CROSS_SITE: Outcome = {
   tokens: [token('origin-fail')],
 };
 
+/** What every route that changes something may answer besides its own. */
+const STORAGE_FULL: Outcome = {
+  description:
+    "The disk of the bridge's data directory is full: nothing was changed. Reads still work; the same request " +
+    'succeeds once space is freed, without a restart.',
+  tokens: [token('storage-full')],
+};
+
 /** Fastify's own answer to a request that arrives while the bridge shuts down. */
 const SHUTTING_DOWN = {
   type: 'object',
@@ -917,7 +925,7 @@ function responses(route: Route): Json {
   const out: Record<string, Json> = {};
   // A route that reads no frontend has no answer for an unknown one.
   const { 404: _unknownFrontend, ...noFrontend } = COMMON;
-  const common = route.device ? noFrontend : COMMON;
+  const common = { ...(route.device ? noFrontend : COMMON), ...(route.method === 'get' ? {} : { 507: STORAGE_FULL }) };
   const own: Record<number, Outcome> = { ...route.responses };
   if (route.method !== 'get') {
     // Every state-changing route refuses a request from a page of another site (bridge/sessions/origin.ts).

@@ -3,7 +3,7 @@
  * group commit so that durability does not cost throughput.
  */
 import Database from 'better-sqlite3';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, statfsSync } from 'node:fs';
 import { dirname } from 'node:path';
 
 export type Db = Database.Database;
@@ -47,6 +47,60 @@ export function migrate(db: Db, migrations: readonly Migration[]): void {
   }
 }
 
+/**
+ * A write refused because the file system holding the database is full (docs/operations.md, "A full disk").
+ * Nothing of the refused work was kept; reads go on working, and writes work again once space is freed.
+ */
+export class StorageFullError extends Error {
+  override name = 'StorageFullError';
+  constructor(cause: unknown) {
+    super('the disk holding the database is full', { cause });
+  }
+}
+
+/** Below this many free bytes an I/O error of SQLite is taken for a full disk (SQLite does not pass on errno). */
+const NEARLY_FULL_BYTES = 256 * 1024;
+
+/** Free bytes for an unprivileged writer on the file system of `path`; undefined when unknown. */
+export function freeBytes(path: string): number | undefined {
+  try {
+    const s = statfsSync(path);
+    return s.bavail * s.bsize;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether an error means that the disk is full: SQLite's `SQLITE_FULL`, a file write's `ENOSPC` or `EDQUOT`, or
+ * an SQLite I/O error (`SQLITE_IOERR_WRITE`, `_FSYNC`, `_SHMSIZE`, ...) while the file system of `dir` has next
+ * to no space left, which is how SQLite reports an `ENOSPC` from some of its calls.
+ */
+export function isStorageFull(err: unknown, dir?: string): boolean {
+  if (err instanceof StorageFullError) return true;
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code !== 'string') return false;
+  if (code === 'SQLITE_FULL' || code === 'ENOSPC' || code === 'EDQUOT') return true;
+  if (!code.startsWith('SQLITE_IOERR') || dir === undefined) return false;
+  const free = freeBytes(dir);
+  return free !== undefined && free < NEARLY_FULL_BYTES;
+}
+
+/** Whether the last writes failed for lack of space, for health checks and status. */
+export interface StorageState {
+  full: boolean;
+  /** When the first write of the current run of failures failed, ms since the epoch. */
+  fullSince: number | undefined;
+  /** Writes refused for lack of space since start. */
+  refused: number;
+}
+
+export interface GroupCommitterOptions {
+  /** Called when writes start failing for lack of space (`true`) and when one succeeds again (`false`). */
+  onStorageChange?: (full: boolean, err?: unknown) => void;
+  now?: () => number;
+}
+
 interface Pending<T> {
   work: () => T;
   durable: boolean;
@@ -70,6 +124,10 @@ export interface RunOptions {
  * transaction holding its work has committed (and so, with `synchronous=FULL`, is on disk). Work that throws
  * fails only itself: the batch is then redone with each unit in a savepoint. A failing commit rejects everyone
  * in the batch.
+ *
+ * A full disk rejects with `StorageFullError`. SQLite may have rolled the whole transaction back by itself or
+ * left it open; either way the connection is left outside any transaction, so that the next batch starts clean
+ * (a batch begun inside a leftover transaction would only make savepoints, and never commit).
  */
 export class GroupCommitter {
   private queue: Pending<unknown>[] = [];
@@ -77,13 +135,21 @@ export class GroupCommitter {
   private closed = false;
   /** Batches committed, units of work in them, and batches committed without fsync. */
   readonly stats = { commits: 0, units: 0, relaxed: 0 };
+  readonly storage: StorageState = { full: false, fullSince: undefined, refused: 0 };
+  private readonly dir: string;
+  private readonly totalChanges: Database.Statement<[], { n: number }>;
 
   /** Built once: a transaction wrapper and the two pragmas cost more to prepare than to run. */
   private readonly runAll: (batch: Pending<unknown>[]) => Array<{ ok: true; value: unknown }>;
   private readonly relax: Database.Statement;
   private readonly tighten: Database.Statement;
 
-  constructor(private readonly db: Db) {
+  constructor(
+    private readonly db: Db,
+    private readonly options: GroupCommitterOptions = {},
+  ) {
+    this.dir = dirname(db.name);
+    this.totalChanges = db.prepare('SELECT total_changes() AS n');
     this.runAll = db.transaction((batch: Pending<unknown>[]) =>
       batch.map((p) => {
         try {
@@ -119,6 +185,8 @@ export class GroupCommitter {
     this.queue = [];
     if (batch.length === 0) return;
     const relaxed = batch.every((p) => !p.durable);
+    // While the disk is full, whether a batch wrote anything tells a recovery from a batch that only read.
+    const changesBefore = this.storage.full ? this.totalChanges.get()!.n : 0;
     let results: Array<{ ok: true; value: unknown } | { ok: false; err: unknown }>;
     try {
       if (relaxed) this.relax.run();
@@ -128,17 +196,44 @@ export class GroupCommitter {
         if (relaxed) this.tighten.run();
       }
     } catch (err) {
-      for (const p of batch) p.reject(err);
+      this.leaveTransaction();
+      const failure = this.classify(err);
+      for (const p of batch) p.reject(failure);
       return;
     }
     this.stats.commits++;
     this.stats.units += batch.length;
     if (relaxed) this.stats.relaxed++;
+    if (this.storage.full && this.totalChanges.get()!.n > changesBefore) this.storageChanged(false);
     batch.forEach((p, i) => {
       const r = results[i]!;
       if (r.ok) p.resolve(r.value);
-      else p.reject(r.err);
+      else p.reject(this.classify(r.err));
     });
+  }
+
+  /** A full disk as `StorageFullError`, noted in `storage`; any other error as it is. */
+  private classify(err: unknown): unknown {
+    if (!isStorageFull(err, this.dir)) return err;
+    this.storage.refused++;
+    if (!this.storage.full) this.storageChanged(true, err);
+    return err instanceof StorageFullError ? err : new StorageFullError(err);
+  }
+
+  private storageChanged(full: boolean, err?: unknown): void {
+    this.storage.full = full;
+    this.storage.fullSince = full ? (this.options.now ?? Date.now)() : undefined;
+    this.options.onStorageChange?.(full, err);
+  }
+
+  /** Rolls back what a failed commit may have left open (SQLite keeps some transactions open after an error). */
+  private leaveTransaction(): void {
+    if (!this.db.inTransaction) return;
+    try {
+      this.db.exec('ROLLBACK');
+    } catch {
+      // rolled back meanwhile
+    }
   }
 
   private commitBatch(batch: Pending<unknown>[]): Array<{ ok: true; value: unknown } | { ok: false; err: unknown }> {
@@ -157,6 +252,8 @@ export class GroupCommitter {
           results.push({ ok: true, value: p.work() });
           this.db.exec('RELEASE unit');
         } catch (err) {
+          // SQLite rolled the whole transaction back (it may, on a full disk): the batch fails as a whole.
+          if (!this.db.inTransaction) throw err;
           this.db.exec('ROLLBACK TO unit');
           this.db.exec('RELEASE unit');
           results.push({ ok: false, err });

@@ -128,6 +128,8 @@ export async function runChecks(config: AgentConfig, env: NodeJS.ProcessEnv): Pr
   );
   out.push(await checkUdp(config, status));
   out.push(checkClock(config.stateDir));
+  const storage = checkStorage(status);
+  if (storage) out.push(storage);
   out.push(...checkDisk(config));
   out.push(...checkFirmwareKeys(config));
   return out;
@@ -485,6 +487,25 @@ export function checkClock(stateDir: string, now = Date.now()): Check {
     // no database yet: nothing to compare with
   }
   return { status: 'OK', what: `clock ${iso}` };
+}
+
+/**
+ * Whether the running agent's writes fail for lack of space (its `status`): the free-space check below sees
+ * only how much is free now, not that the agent's last change was refused.
+ */
+export function checkStorage(running: Record<string, unknown> | undefined, now = Date.now()): Check | undefined {
+  const storage = running?.storage as { full?: boolean; fullSince?: number | null; refused?: number } | undefined;
+  if (storage === undefined) return undefined;
+  if (storage.full) {
+    const since =
+      typeof storage.fullSince === 'number' ? `, for ${Math.round((now - storage.fullSince) / 1000)} s` : '';
+    return {
+      status: 'FAIL',
+      what: `storage full: the agent's writes fail for lack of space${since}; changes answer storage-full, reads work`,
+      todo: 'free space in the state directory; the agent writes again by itself, no restart needed',
+    };
+  }
+  return { status: 'OK', what: "storage: the agent's last writes succeeded" };
 }
 
 function megabytes(n: number): string {

@@ -8,6 +8,7 @@ import { type Server, type Socket, connect, createServer } from 'node:net';
 import { dirname } from 'node:path';
 import { mkdirSync } from 'node:fs';
 import type { Logger, LogLevel } from '../../lib/log.js';
+import { isStorageFull } from '../../lib/sqlite.js';
 import { VAR_NAME_RE } from '../../protocol/index.js';
 import { AgentError, isAgentError } from '../errors.js';
 import type { FirmwareUpdater } from '../fw/updater.js';
@@ -144,8 +145,15 @@ export class LocalServer {
     this.handle(socket, parsed.data).then(
       (result) => this.reply(socket, { id: parsed.data.id, ok: true, result }),
       (err: unknown) => {
-        if (!isAgentError(err)) this.log.error({ event: 'local.failed', op: parsed.data.op, err: String(err) });
-        const e = isAgentError(err) ? err : new AgentError('internal', 'internal error');
+        // A full disk is logged once as `storage.full` when writes start failing, not once per request.
+        const full = !isAgentError(err) && isStorageFull(err);
+        if (!isAgentError(err) && !full)
+          this.log.error({ event: 'local.failed', op: parsed.data.op, err: String(err) });
+        const e = isAgentError(err)
+          ? err
+          : full
+            ? new AgentError('storage-full', 'the disk of the state directory is full; nothing was changed')
+            : new AgentError('internal', 'internal error');
         this.reply(socket, { id: parsed.data.id, ok: false, error: { code: e.code, message: e.message } });
       },
     );

@@ -184,7 +184,7 @@ export class DeviceService {
       return;
     }
     const now = this.opts.now();
-    const taken = await this.opts.store.write(() => {
+    const written = this.opts.store.write(() => {
       const devices = this.opts.store.devices;
       this.activity(deviceId, now);
       const ok = devices.setAuthcode(deviceId, hello.authcode);
@@ -199,14 +199,25 @@ export class DeviceService {
       }
       return !ok;
     });
-    if (taken) {
-      this.counters.authcodeTaken++;
-      log.warn({ event: 'device.authcode_taken', deviceId, reason: 'another device has this auth code' });
+    let failed: { err: unknown } | undefined;
+    try {
+      if (await written) {
+        this.counters.authcodeTaken++;
+        log.warn({ event: 'device.authcode_taken', deviceId, reason: 'another device has this auth code' });
+      }
+    } catch (err) {
+      failed = { err };
     }
     log.info({ event: 'device.hello', deviceId, platform: hello.platform, mode: hello.mode });
+    // What waits for the device goes whether or not the hello's own bookkeeping was written: the catch-up only
+    // reads and publishes, and this hello is the only one the device sends on this connection. Made to wait on
+    // that write, a full disk (docs/operations.md, "A full disk") left every change committed while the device
+    // was away unsent until the device reconnected, however long it stayed connected after space was freed.
     this.catchUp(deviceId);
     this.opts.commands?.onHello(deviceId);
     await this.opts.firmware?.onHello(deviceId);
+    // Logged and counted as any message that could not be stored (`device.message_failed`).
+    if (failed) throw failed.err;
   }
 
   /**

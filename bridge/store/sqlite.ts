@@ -1,6 +1,7 @@
 /** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
 import { join } from 'node:path';
-import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
+import type { Logger } from '../../lib/log.js';
+import { type Db, GroupCommitter, type Migration, type StorageState, openDatabase } from '../../lib/sqlite.js';
 import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
@@ -161,9 +162,15 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly sessions = new Map<string, { session: Session; user: User | undefined }>();
   private readonly sessionsOfUser = new Map<number, Set<string>>();
 
-  constructor(dataDir: string) {
+  /** `log` gets one line when writes start failing for lack of space and one when they work again. */
+  constructor(dataDir: string, log?: Logger) {
     this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
-    this.commit = new GroupCommitter(this.db);
+    this.commit = new GroupCommitter(this.db, {
+      onStorageChange: (full, err) => {
+        if (full) log?.error({ event: 'storage.full', dataDir, err: String(err) });
+        else log?.info({ event: 'storage.recovered', dataDir });
+      },
+    });
     const db = this.db;
     this.devices = new DeviceStore(db);
     this.commands = new CommandStore(db);
@@ -209,6 +216,10 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
 
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T> {
     return this.commit.run(work, options);
+  }
+
+  get storage(): StorageState {
+    return this.commit.storage;
   }
 
   createFrontend(f: Frontend): void {

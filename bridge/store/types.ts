@@ -4,6 +4,7 @@
  * (group commit), so that a reply never promises what a crash could take back.
  */
 import { z } from 'zod';
+import type { StorageState } from '../../lib/sqlite.js';
 import type { CommandStore } from '../commands/store.js';
 import type { DeviceStore } from '../devices/store.js';
 import type { FirmwareJobStore } from '../firmware/jobs.js';
@@ -93,8 +94,13 @@ export interface BridgeStore {
   /** Firmware update jobs, at most one open per device. */
   readonly fwJobs: FirmwareJobStore;
 
-  /** Runs writes in a transaction that is on disk when the promise resolves. */
+  /**
+   * Runs writes in a transaction that is on disk when the promise resolves. On a full disk it rejects with
+   * `StorageFullError` (lib/sqlite.ts), which the API answers `507 storage-full`.
+   */
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;
+  /** Whether the last writes failed for lack of space (`/healthz`). */
+  readonly storage: StorageState;
 
   createFrontend(f: Frontend): void;
   frontend(id: string): Frontend | undefined;

@@ -23,6 +23,7 @@ import { createMailer } from '../../bridge/mail/mailer.js';
 import { OPENAPI_PATH, buildOpenApi } from '../../bridge/openapi.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
+import { StorageFullError } from '../../lib/sqlite.js';
 import {
   type DownTopic,
   type FwMessage,
@@ -248,6 +249,37 @@ async function startBusyApp(): Promise<BusyApp> {
   };
 }
 
+/** A store on a disk that is full: every write is refused as SQLite refuses it. */
+class FullStore extends SqliteStore {
+  override write<T>(): Promise<T> {
+    return Promise.reject(
+      new StorageFullError(Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' })),
+    );
+  }
+}
+
+async function startFullApp(): Promise<BusyApp> {
+  const dataDir = tempDir('devcloud-openapi-');
+  const config = BridgeConfigSchema.parse({ dataDir, accounts: { scryptLogN: 10 } });
+  const log = createLogger({ level: 'silent', pretty: 'never', base: {}, destination: new LogSink() });
+  const store = new FullStore(dataDir);
+  ensureDefaultFrontend(store, Date.now());
+  const hasher = new PasswordHasher({ params: { logN: 10, r: 8, p: 1 }, maxConcurrent: 1, maxQueued: 10 });
+  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+  const app = buildApp({ config, store, hasher, mailer, log });
+  await app.ready();
+  return {
+    app,
+    store,
+    close: async () => {
+      await app.close();
+      await mailer.close();
+      store.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
 let main: TestBridge;
 let limited: TestBridge;
 let busy: BusyApp;
@@ -364,7 +396,8 @@ async function driveRoute(method: Method, path: string, cases: Case[], url = pat
     seen.add(String(answer.status));
     if (answer.type === 'text/plain') tokens.add(`${answer.status} ${answer.body}`);
   }
-  const expected = [...new Set([...seen, ...NOT_PROVOKED])].sort();
+  // 507 `storage-full`, documented for every route that changes something, is brought about in its own test below.
+  const expected = [...new Set([...seen, ...NOT_PROVOKED, ...(method === 'GET' ? [] : ['507'])])].sort();
   expect(Object.keys(op.responses).sort(), `${method} ${path}: documented statuses`).toEqual(expected);
   // Nor a token under a status they brought about.
   const missed = Object.entries(op.responses)
@@ -931,6 +964,50 @@ async function makeWorld(): Promise<DeviceWorld> {
     unclaimed: await seedDevice(),
   };
 }
+
+describe('a full disk', () => {
+  it('answers 507 storage-full, as documented for every route that changes something', async () => {
+    for (const [path, ops] of Object.entries(doc.paths)) {
+      for (const [method, op] of Object.entries(ops)) {
+        const has = op.responses['507'] !== undefined;
+        expect(has, `${method} ${path}: 507 documented only for changes`).toBe(method !== 'get');
+      }
+    }
+    const full = await startFullApp();
+    try {
+      // No write happens before the refused one: the signup's user, the login's session.
+      full.store.createUser({
+        frontendId: full.store.defaultFrontend()!.id,
+        login: 'full@example.com',
+        passwordHash: await new PasswordHasher({
+          params: { logN: 10, r: 8, p: 1 },
+          maxConcurrent: 1,
+          maxQueued: 1,
+        }).hash('pw-full-1234'),
+        authcode: randomUUID().replace(/-/g, ''),
+        now: Date.now(),
+      });
+      const cases: Array<[string, Call]> = [
+        [
+          '/0/session/signup',
+          { url: '/0/session/signup', form: { login: 'new@example.com', password: 'pw-new-1234' } },
+        ],
+        [
+          '/0/session/login',
+          { url: '/0/session/login', form: { login: 'full@example.com', password: 'pw-full-1234' } },
+        ],
+      ];
+      for (const [path, c] of cases) {
+        const answer = await call(full.app, c);
+        expect(answer.status, `POST ${path}: ${answer.body}`).toBe(507);
+        expect(answer.body).toBe('storage-full');
+        expectDocumented(operation('POST', path), answer, `POST ${path} on a full disk`);
+      }
+    } finally {
+      await full.close();
+    }
+  });
+});
 
 describe('every device and network route answers what the document lists', () => {
   beforeAll(async () => {
