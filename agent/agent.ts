@@ -27,6 +27,7 @@ import { HeardReporter } from './nearby/reporter.js';
 import { MetaReporter } from './report.js';
 import { type DownMessage, Uplink } from './uplink.js';
 import { ChangeHook } from './vars/hooks.js';
+import { nextGeneration } from './vars/generation.js';
 import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
 
@@ -89,6 +90,15 @@ export class Agent {
     this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS);
     this.commit = new GroupCommitter(this.db);
     const store = new VarStore(this.db, config.store.historyLimit);
+    const generation = nextGeneration(this.db, config.stateDir);
+    if (generation.fullSync) {
+      log.warn({
+        event: 'vars.restored',
+        generation: generation.database,
+        expected: generation.file ?? null,
+        reason: 'the database is not the one this agent last ran with: everything is synced on the first connect',
+      });
+    }
 
     this.uplink = new Uplink({
       url: config.mqtt.url,
@@ -119,6 +129,7 @@ export class Agent {
       maxValueBytes: config.store.maxValueBytes,
       now,
       log,
+      fullSyncOnStart: generation.fullSync,
     });
     this.queue = new CommandQueue(this.db);
     const cmd = config.commands;
