@@ -292,7 +292,7 @@ export class Agent {
       hook: this.hook?.counters ?? null,
       // The runner's counters (since start) and, apart, what the queue holds by state: both have `failed` and
       // `expired`, which mean different things.
-      commands: { ...this.commands.counters, queue: this.queue.counts() },
+      commands: { ...this.commands.counters, pdeathsig: this.commands.launcher.pdeathsig, queue: this.queue.counts() },
       firmware: this.firmware.status(),
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),
