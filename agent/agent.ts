@@ -27,6 +27,7 @@ import { HeardReporter } from './nearby/reporter.js';
 import { MetaReporter } from './report.js';
 import { type DownMessage, Uplink } from './uplink.js';
 import { ChangeHook } from './vars/hooks.js';
+import { nextGeneration } from './vars/generation.js';
 import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
 
@@ -94,6 +95,15 @@ export class Agent {
       },
     });
     const store = new VarStore(this.db, config.store.historyLimit);
+    const generation = nextGeneration(this.db, config.stateDir);
+    if (generation.fullSync) {
+      log.warn({
+        event: 'vars.restored',
+        generation: generation.database,
+        expected: generation.file ?? null,
+        reason: 'the database is not the one this agent last ran with: everything is synced on the first connect',
+      });
+    }
 
     this.uplink = new Uplink({
       url: config.mqtt.url,
@@ -108,6 +118,9 @@ export class Agent {
       connectTimeoutMs: config.mqtt.connectTimeoutMs,
       backoffMinMs: config.mqtt.backoffMinMs,
       backoffMaxMs: config.mqtt.backoffMaxMs,
+      backoffFastMaxMs: config.mqtt.backoffFastMaxMs,
+      backoffFastForMs: config.mqtt.backoffFastForMs,
+      healthyAfterMs: config.mqtt.healthyAfterMs,
       caFile: config.mqtt.caFile,
       certFile: config.mqtt.certFile,
       keyFile: config.mqtt.keyFile,
@@ -121,6 +134,7 @@ export class Agent {
       maxValueBytes: config.store.maxValueBytes,
       now,
       log,
+      fullSyncOnStart: generation.fullSync,
     });
     this.queue = new CommandQueue(this.db);
     const cmd = config.commands;
@@ -290,7 +304,7 @@ export class Agent {
       hook: this.hook?.counters ?? null,
       // The runner's counters (since start) and, apart, what the queue holds by state: both have `failed` and
       // `expired`, which mean different things.
-      commands: { ...this.commands.counters, queue: this.queue.counts() },
+      commands: { ...this.commands.counters, pdeathsig: this.commands.launcher.pdeathsig, queue: this.queue.counts() },
       firmware: this.firmware.status(),
       uptimeMs: this.now() - this.startedAt,
       memory: process.memoryUsage(),

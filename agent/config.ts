@@ -58,6 +58,13 @@ export const AgentConfigSchema = z
         /** Reconnect backoff: exponential from min to max, with full jitter. */
         backoffMinMs: z.number().int().min(50).max(600_000).default(1000),
         backoffMaxMs: z.number().int().min(100).max(3_600_000).default(60_000),
+        /**
+         * After losing a connection that was up at least `healthyAfterMs`, reconnect delays are capped at
+         * `backoffFastMaxMs` for `backoffFastForMs`, then grow to `backoffMaxMs` if failures persist.
+         */
+        backoffFastMaxMs: z.number().int().min(100).max(3_600_000).default(5000),
+        backoffFastForMs: z.number().int().min(0).max(86_400_000).default(120_000),
+        healthyAfterMs: z.number().int().min(0).max(86_400_000).default(60_000),
         /** PEM files for TLS (`mqtts://`). */
         caFile: z.string().optional(),
         certFile: z.string().optional(),

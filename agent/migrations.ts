@@ -3,8 +3,13 @@
  * whatever part of the agent a new one serves; never edit a shipped one.
  */
 import type { Migration } from '../lib/sqlite.js';
-import { COMMAND_MIGRATION } from './commands/queue.js';
+import { COMMAND_MIGRATION, COMMAND_PROCESS_MIGRATION } from './commands/queue.js';
 import { FIRMWARE_MIGRATION } from './fw/store.js';
 import { VAR_MIGRATIONS } from './vars/store.js';
 
-export const AGENT_MIGRATIONS: readonly Migration[] = [...VAR_MIGRATIONS, COMMAND_MIGRATION, FIRMWARE_MIGRATION];
+export const AGENT_MIGRATIONS: readonly Migration[] = [
+  ...VAR_MIGRATIONS,
+  COMMAND_MIGRATION,
+  FIRMWARE_MIGRATION,
+  COMMAND_PROCESS_MIGRATION,
+];

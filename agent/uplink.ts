@@ -1,6 +1,7 @@
 /**
  * The agent's MQTT uplink (DESIGN section 4): one persistent connection with exponential backoff and full
- * jitter, a retained `state` with a last will, `up/hello` on every connect, and validated `down/` messages.
+ * jitter (kept short for a while after a healthy connection is lost: docs/agent.md, reconnect backoff), a retained
+ * `state` with a last will, `up/hello` on every connect, and validated `down/` messages.
  *
  * Nothing is queued here while disconnected: what must reach the cloud is in SQLite and is sent again on the
  * next connect (see vars/sync.ts), so a fresh client is made for every attempt.
@@ -42,6 +43,10 @@ export interface UplinkOptions {
   connectTimeoutMs: number;
   backoffMinMs: number;
   backoffMaxMs: number;
+  /** The cap of reconnect delays for `backoffFastForMs` after losing a connection that was up `healthyAfterMs`. */
+  backoffFastMaxMs: number;
+  backoffFastForMs: number;
+  healthyAfterMs: number;
   caFile?: string | undefined;
   certFile?: string | undefined;
   keyFile?: string | undefined;
@@ -51,6 +56,8 @@ export interface UplinkOptions {
   log: Logger;
   /** For tests: the jitter source. */
   random?: () => number;
+  /** For tests: the clock the backoff measures healthy connections and the fast phase with. */
+  now?: () => number;
 }
 
 interface UplinkEvents {
@@ -67,11 +74,75 @@ export function backoffDelay(attempt: number, minMs: number, maxMs: number, rand
   return Math.round(minMs / 2 + random() * Math.max(0, ceiling - minMs / 2));
 }
 
+export interface BackoffPolicy {
+  minMs: number;
+  maxMs: number;
+  fastMaxMs: number;
+  fastForMs: number;
+  healthyAfterMs: number;
+}
+
+/**
+ * The reconnect schedule (docs/agent.md, reconnect backoff). Attempt _n_ after a failure waits
+ * `backoffDelay(n, min, max)`. When a connection that had been up at least `healthyAfterMs` is lost, the broker
+ * most likely restarted or a link blinked: for `fastForMs` from then every delay is capped at `fastMaxMs` (with
+ * the same jitter), so the device is back within seconds of the broker; after that, if failures persist, the
+ * delays grow from the fast cap to `maxMs` as usual.
+ */
+export class ReconnectBackoff {
+  private attempt = 0;
+  private upSince: number | undefined;
+  /** While `now()` is before this, the fast cap holds. */
+  private fastUntil: number | undefined;
+
+  constructor(
+    private readonly p: BackoffPolicy,
+    private readonly random: () => number,
+    private readonly now: () => number,
+  ) {}
+
+  /** A connection is up: the next failure starts the schedule again. */
+  connected(): void {
+    this.upSince = this.now();
+    this.attempt = 0;
+    this.fastUntil = undefined;
+  }
+
+  /** The connection that was up is gone. */
+  lost(): void {
+    const t = this.now();
+    if (this.upSince !== undefined && t - this.upSince >= this.p.healthyAfterMs) this.fastUntil = t + this.p.fastForMs;
+    this.upSince = undefined;
+  }
+
+  /** Whether the next delay is capped by the fast cap. */
+  get fast(): boolean {
+    return this.fastUntil !== undefined && this.now() < this.fastUntil;
+  }
+
+  /** The delay before the next attempt; each call counts one attempt. */
+  next(): number {
+    const { minMs, maxMs, fastMaxMs } = this.p;
+    if (this.fastUntil !== undefined) {
+      if (this.now() < this.fastUntil) {
+        const cap = Math.min(fastMaxMs, maxMs);
+        return Math.round(minMs / 2 + this.random() * Math.max(0, cap - minMs / 2));
+      }
+      // Failures persisted through the fast phase: the delays grow on from twice the fast cap.
+      this.fastUntil = undefined;
+      this.attempt = Math.ceil(Math.log2(Math.max(1, fastMaxMs / minMs))) + 1;
+    }
+    return backoffDelay(this.attempt++, minMs, maxMs, this.random);
+  }
+}
+
 export class Uplink extends EventEmitter<UplinkEvents> {
   private client: MqttClient | undefined;
   private isUp = false;
   private stopping = false;
+  /** Attempts since the last connection, for the log. */
   private attempt = 0;
+  private readonly backoff: ReconnectBackoff;
   private retryTimer: NodeJS.Timeout | undefined;
   /** Dropped `down/` payloads by reason, for status and tests. */
   readonly dropped = { invalid: 0, foreign: 0 };
@@ -82,6 +153,17 @@ export class Uplink extends EventEmitter<UplinkEvents> {
 
   constructor(private readonly opts: UplinkOptions) {
     super();
+    this.backoff = new ReconnectBackoff(
+      {
+        minMs: opts.backoffMinMs,
+        maxMs: opts.backoffMaxMs,
+        fastMaxMs: opts.backoffFastMaxMs,
+        fastForMs: opts.backoffFastForMs,
+        healthyAfterMs: opts.healthyAfterMs,
+      },
+      opts.random ?? Math.random,
+      opts.now ?? Date.now,
+    );
   }
 
   get connected(): boolean {
@@ -215,6 +297,7 @@ export class Uplink extends EventEmitter<UplinkEvents> {
         this.connects++;
         log.info({ event: 'mqtt.connected', url: safeUrl(this.opts.url), attempts: this.attempt + 1 });
         this.attempt = 0;
+        this.backoff.connected();
         this.emit('up');
       });
     });
@@ -234,6 +317,7 @@ export class Uplink extends EventEmitter<UplinkEvents> {
       client.on('error', () => undefined);
       client.end(true);
       if (wasUp) {
+        this.backoff.lost();
         log.warn({ event: 'mqtt.disconnected', url: safeUrl(this.opts.url) });
         this.emit('down');
       }
@@ -281,13 +365,10 @@ export class Uplink extends EventEmitter<UplinkEvents> {
 
   private scheduleReconnect(): void {
     if (this.stopping) return;
-    const delay = backoffDelay(
-      this.attempt++,
-      this.opts.backoffMinMs,
-      this.opts.backoffMaxMs,
-      this.opts.random ?? Math.random,
-    );
-    this.opts.log.debug({ event: 'mqtt.reconnect_scheduled', delayMs: delay, attempt: this.attempt });
+    const fast = this.backoff.fast;
+    const delay = this.backoff.next();
+    this.attempt++;
+    this.opts.log.debug({ event: 'mqtt.reconnect_scheduled', delayMs: delay, attempt: this.attempt, fast });
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
       this.connect();

@@ -262,8 +262,15 @@ function printRunning(s: Json, io: Out): void {
   const cmd = s.commands as Json | undefined;
   io.out('commands');
   row(io, 'queue', counts(cmd?.queue as Json | undefined, QUEUE_ORDER));
-  const { queue: _queue, ...since } = cmd ?? {};
+  const { queue: _queue, pdeathsig: _pdeathsig, ...since } = cmd ?? {};
   row(io, 'since start', counts(cmd ? since : undefined, ['received', 'duplicates', 'ran', 'failed', 'expired']));
+  if (typeof cmd?.pdeathsig === 'boolean') {
+    row(
+      io,
+      'handlers',
+      cmd.pdeathsig ? 'die with the agent (setpriv --pdeathsig)' : 'killed at the next start (no setpriv)',
+    );
+  }
   printFirmware((s.firmware as Json | undefined) ?? null, io);
   const problems = (s.lastErrors as LoggedProblem[] | undefined) ?? [];
   io.out(`last warnings and errors (${problems.length})`);

@@ -35,6 +35,17 @@ export const COMMAND_MIGRATION: Migration = (db) => {
   `);
 };
 
+/**
+ * The process of a running executable handler: its pid (its process group's id) and start time, recorded before
+ * the handler may start, so that after a crash the agent knows whether it started and can end what survived.
+ */
+export const COMMAND_PROCESS_MIGRATION: Migration = (db) => {
+  db.exec(`
+    ALTER TABLE commands ADD COLUMN pid INTEGER;
+    ALTER TABLE commands ADD COLUMN pid_start INTEGER;
+  `);
+};
+
 export interface QueuedCommand {
   seq: number;
   id: string;
@@ -52,6 +63,9 @@ export interface QueuedCommand {
   truncated: boolean;
   reason: string | null;
   reported: boolean;
+  /** The handler's process, once it was launched. */
+  pid: number | null;
+  pidStart: number | null;
 }
 
 interface Row {
@@ -71,6 +85,8 @@ interface Row {
   truncated: number;
   reason: string | null;
   reported: number;
+  pid: number | null;
+  pid_start: number | null;
 }
 
 const toCommand = (r: Row): QueuedCommand => ({
@@ -90,6 +106,8 @@ const toCommand = (r: Row): QueuedCommand => ({
   truncated: r.truncated === 1,
   reason: r.reason,
   reported: r.reported === 1,
+  pid: r.pid,
+  pidStart: r.pid_start,
 });
 
 export interface NewCommand {
@@ -140,6 +158,13 @@ export class CommandQueue {
            output = @output, truncated = @truncated, reason = @reason, reported = 0
          WHERE id = @id AND state IN ('queued', 'running')`,
       ),
+      launched: db.prepare(
+        "UPDATE commands SET pid = @pid, pid_start = @pidStart WHERE id = @id AND state = 'running'",
+      ),
+      requeue: db.prepare(
+        `UPDATE commands SET state = 'queued', state_at = @now, started_at = NULL, pid = NULL, pid_start = NULL,
+           reported = 0 WHERE id = @id AND state = 'running'`,
+      ),
       markReported: db.prepare('UPDATE commands SET reported = 1 WHERE id = ? AND state = ?'),
       unreported: db.prepare<[number, number], Row>(
         'SELECT * FROM commands WHERE reported = 0 AND seq > ? ORDER BY seq LIMIT ?',
@@ -188,6 +213,16 @@ export class CommandQueue {
 
   start(id: string, now: number): boolean {
     return this.s.start.run({ id, now }).changes > 0;
+  }
+
+  /** Records the process a running handler was launched as (before it may start: see runner.ts). */
+  launched(id: string, pid: number, pidStart: number | null): void {
+    this.s.launched.run({ id, pid, pidStart });
+  }
+
+  /** A command taken to run whose handler was never launched goes back to the queue, in its place. */
+  requeue(id: string, now: number): boolean {
+    return this.s.requeue.run({ id, now }).changes > 0;
   }
 
   finish(id: string, outcome: Outcome, now: number): boolean {

@@ -11,7 +11,11 @@
  *
  * After a crash, a command found `running` did not finish: it is reported `failed` ("interrupted"), never run
  * again, except `reboot` and `restart`, whose running state is what the restart they asked for looks like, and
- * which are then `done`.
+ * which are then `done`, and a handler that was never launched, which goes back to the queue.
+ *
+ * A handler dies with the agent (docs/agent.md, the command runner): it runs in its own process group, under
+ * `setpriv --pdeathsig KILL` where the system has it, and starts only once its process is recorded; at start the
+ * agent kills a recorded group that survived (procs.ts).
  */
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
@@ -20,6 +24,7 @@ import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
 import type { GroupCommitter } from '../../lib/sqlite.js';
 import { type CmdMessage, type CmdStatusMessage, MAX_OUTPUT_BYTES, messageId } from '../../protocol/index.js';
+import { type Launcher, findLauncher, groupSurvives, killGroup, processStartTicks } from './procs.js';
 import { type Outcome, type QueuedCommand, type CommandQueue, isFinal } from './queue.js';
 
 /** A handler name: the first word of a command. */
@@ -66,6 +71,8 @@ export interface RunnerOptions {
   env: Record<string, string>;
   /** Finished commands are kept this long to answer a repeated delivery, then pruned. */
   keepMs: number;
+  /** How handlers are launched; found on the system when not given. */
+  launcher?: Launcher;
 }
 
 /** Splits a command into its words (ASCII whitespace). */
@@ -89,22 +96,58 @@ export class CommandRunner {
   private readonly unannounced = new Set<string>();
   private reporting = false;
   readonly counters = { received: 0, duplicates: 0, ran: 0, failed: 0, expired: 0 };
+  readonly launcher: Launcher;
 
-  constructor(private readonly o: RunnerOptions) {}
+  constructor(private readonly o: RunnerOptions) {
+    this.launcher = o.launcher ?? findLauncher();
+  }
 
-  /** At start: what a crash left `running` is settled, then the queue runs. */
+  /**
+   * At start: what a crash left `running` is settled, then the queue runs. A handler whose process group survived
+   * the agent is killed first; one that was never launched is queued again, to run or expire as usual.
+   */
   async start(): Promise<void> {
     const { queue, now } = this.o;
     const interrupted = queue.running();
     if (interrupted.length > 0) {
+      const settled = interrupted.map((c) => {
+        const name = words(c.command)[0] ?? '';
+        if (RESTARTING.has(name)) return { c, how: 'restarted' as const, killed: false };
+        const handler = !(BUILTINS as readonly string[]).includes(name);
+        if (handler && c.pid === null) return { c, how: 'never-launched' as const, killed: false };
+        const killed = c.pid !== null && c.pidStart !== null && groupSurvives(c.pid, c.pidStart) && killGroup(c.pid);
+        return { c, how: 'interrupted' as const, killed };
+      });
       await this.o.commit.run(() => {
-        for (const c of interrupted) {
+        for (const { c, how, killed } of settled) {
           const name = words(c.command)[0] ?? '';
-          if (RESTARTING.has(name)) queue.finish(c.id, { state: 'done', reason: `${name} completed` }, now());
-          else queue.finish(c.id, { state: 'failed', reason: 'interrupted: the agent stopped while it ran' }, now());
+          switch (how) {
+            case 'restarted':
+              queue.finish(c.id, { state: 'done', reason: `${name} completed` }, now());
+              break;
+            case 'never-launched':
+              queue.requeue(c.id, now());
+              break;
+            case 'interrupted':
+              queue.finish(
+                c.id,
+                killed
+                  ? {
+                      state: 'failed',
+                      signal: 'SIGKILL',
+                      reason: 'interrupted: the agent stopped while it ran; what was left of it was killed',
+                    }
+                  : { state: 'failed', reason: 'interrupted: the agent stopped while it ran' },
+                now(),
+              );
+              break;
+          }
         }
       });
-      for (const c of interrupted) this.o.log.warn({ event: 'cmd.interrupted', cmd: c.id });
+      for (const { c, how, killed } of settled) {
+        if (how === 'never-launched') this.o.log.info({ event: 'cmd.requeued', cmd: c.id });
+        else if (how === 'interrupted') this.o.log.warn({ event: 'cmd.interrupted', cmd: c.id, pid: c.pid, killed });
+      }
     }
     await this.prune();
     // A gateway runs for months between starts: finished commands are removed hourly too.
@@ -386,8 +429,9 @@ export class CommandRunner {
 
   private spawnHandler(c: QueuedCommand, file: string, args: string[], handle: { kill(): void }): Promise<Outcome> {
     const limit = Math.min(this.o.outputBytes, MAX_OUTPUT_BYTES);
+    const launcher = this.launcher;
     return new Promise<Outcome>((resolve) => {
-      const child = spawn(file, args, {
+      const child = spawn(launcher.file, [...launcher.args, file, ...args], {
         cwd: this.o.commandsDir,
         // A clean environment: what a handler may rely on, nothing of the agent's own.
         env: {
@@ -399,7 +443,7 @@ export class CommandRunner {
           ...this.o.env,
         },
         stdio: ['pipe', 'pipe', 'pipe'],
-        // Its own process group, so that a timeout stops what it started too.
+        // Its own process group, so that a timeout stops what it started too, and a crash can be cleaned up.
         detached: true,
       });
       let kept = Buffer.alloc(0);
@@ -412,7 +456,24 @@ export class CommandRunner {
       child.stdout.on('data', collect);
       child.stderr.on('data', collect);
       child.stdin.on('error', () => undefined);
-      child.stdin.end(c.command);
+      // The launcher waits for one line before it executes the handler: the line goes once the process is
+      // recorded on disk, so after a crash a command with no recorded process certainly never started.
+      const pid = child.pid;
+      if (pid !== undefined) {
+        const pidStart = processStartTicks(pid);
+        this.o.commit
+          .run(() => this.o.queue.launched(c.id, pid, pidStart))
+          .then(
+            () => {
+              child.stdin.write('\n');
+              child.stdin.end(c.command);
+            },
+            (err: unknown) => {
+              this.o.log.error({ event: 'cmd.launch_failed', cmd: c.id, err: String(err) });
+              child.stdin.destroy();
+            },
+          );
+      }
       let timedOut = false;
       const killGroup = (signal: NodeJS.Signals) => {
         try {

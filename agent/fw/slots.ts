@@ -10,7 +10,7 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readFile, readdir, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
 import { isAbsolute, join, normalize, posix, resolve, sep } from 'node:path';
 import { fsyncPath } from '../../lib/fsutil.js';
 import { z } from 'zod';
@@ -20,6 +20,7 @@ export type SlotName = 'a' | 'b';
 export type InstallErrorCode =
   | 'bad-layout'
   | 'bad-archive'
+  | 'bad-member'
   | 'too-large'
   | 'unpack-failed'
   | 'bad-manifest'
@@ -255,11 +256,13 @@ interface Member {
 function parseMember(line: string): Member | undefined {
   const m = /^(\S+)\s+\S+\s+(\S+)\s+\S+\s+\S+\s(.*)$/.exec(line);
   if (!m) return undefined;
-  const type = m[1]![0]!;
+  let type = m[1]![0]!;
   const rest = m[3]!;
   const size = Number(m[2]);
+  // BusyBox lists a hard link as a plain file followed by ` -> target`; it is read as the hard link it is.
+  if (type === '-' && rest.includes(' -> ')) type = 'h';
   if (type === 'l' || type === 'h') {
-    const arrow = type === 'l' ? ' -> ' : ' link to ';
+    const arrow = type === 'l' || !rest.includes(' link to ') ? ' -> ' : ' link to ';
     const at = rest.indexOf(arrow);
     // A second arrow makes the split ambiguous; such an image is refused rather than guessed at.
     if (at < 0 || rest.indexOf(arrow, at + 1) >= 0) return undefined;
@@ -268,10 +271,25 @@ function parseMember(line: string): Member | undefined {
   return { type, size: Number.isFinite(size) ? size : 0, name: rest };
 }
 
+/** What a `tar -tv` type letter is, for the message that refuses it. */
+const MEMBER_KINDS: Record<string, string> = {
+  c: 'a character device',
+  b: 'a block device',
+  p: 'a FIFO',
+  s: 'a socket',
+};
+
+/** A member's name as the image's root sees it: `./bin/app/` and `bin/app` are the same member. */
+function memberKey(name: string): string {
+  return posix.normalize(name.replace(/\/+$/, '') || '.').replace(/^(\.\/)+/, '');
+}
+
 /**
  * Refuses an archive before anything is written, from its `tar -tv` listing, if a member could land outside the
- * slot (an absolute name, a `..` segment, a link whose target leaves the image) or if it would unpack to more
- * than `limits` allow (a small compressed image can hold a huge or countless files).
+ * slot (an absolute name, a `..` segment, a link whose target leaves the image), if a member is anything but a
+ * regular file, a folder, a symbolic link inside the image or a hard link to a file of the image (device nodes,
+ * FIFOs, sockets: docs/firmware.md, the image format), or if it would unpack to more than `limits` allow (a small
+ * compressed image can hold a huge or countless files).
  */
 function checkMembers(listing: string, limits: { maxBytes: number; maxFiles: number }): void {
   const lines = listing.split('\n').filter((l) => l !== '');
@@ -279,9 +297,23 @@ function checkMembers(listing: string, limits: { maxBytes: number; maxFiles: num
     throw new InstallError('too-large', `the image holds ${lines.length} members, more than ${limits.maxFiles}`);
   }
   let bytes = 0;
+  /** The regular files listed so far: what a hard link may name. */
+  const files = new Set<string>();
   for (const line of lines) {
+    // The type is read first: a device node's size column (`1,3`) is not a size, and its kind is the answer.
+    const kind = MEMBER_KINDS[line[0] ?? ''];
+    if (kind !== undefined) {
+      const name = /\s\d\d:\d\d(?::\d\d)?\s(.*)$/.exec(line)?.[1] ?? line;
+      throw new InstallError(
+        'bad-member',
+        `the image has ${kind}, "${name}": only files, folders and links are allowed`,
+      );
+    }
     const member = parseMember(line);
     if (!member) throw new InstallError('bad-archive', `the image has a member that cannot be checked: ${line}`);
+    if (!['-', 'd', 'l', 'h'].includes(member.type)) {
+      throw new InstallError('bad-member', `the image has a member of type "${member.type}": ${line}`);
+    }
     if (!isContainedPath(member.name.replace(/\/+$/, '') || '.')) {
       throw new InstallError('bad-archive', `the image has a member outside its root: "${member.name}"`);
     }
@@ -289,6 +321,7 @@ function checkMembers(listing: string, limits: { maxBytes: number; maxFiles: num
     if (bytes > limits.maxBytes) {
       throw new InstallError('too-large', `the image unpacks to more than ${limits.maxBytes} bytes`);
     }
+    if (member.type === '-') files.add(memberKey(member.name));
     if (member.target === undefined) continue;
     // A symbolic link's target is relative to the folder the link is in (`bin/sh -> ../busybox` stays inside);
     // a hard link's names another member, from the image's root.
@@ -298,6 +331,73 @@ function checkMembers(listing: string, limits: { maxBytes: number; maxFiles: num
     if (target === '' || !isContainedPath(resolved) || resolved === '..' || resolved.startsWith('../')) {
       throw new InstallError('bad-archive', `the image has a link that leaves its root: ${line}`);
     }
+    // A hard link shares its target's inode: it may only name a regular file the image itself holds.
+    if (member.type === 'h' && !files.has(memberKey(target))) {
+      throw new InstallError('bad-member', `the image has a hard link to something that is not a file of it: ${line}`);
+    }
+  }
+}
+
+/**
+ * After unpacking, looks at what actually landed in the slot (the listing is tar's text; this is the file system):
+ * anything but a regular file, a folder or a symbolic link, or a file with a hard link outside the slot, refuses
+ * the image. Then strips setuid, setgid and sticky bits, so an image cannot install a program that runs with its
+ * owner's rights (the owner is the agent's user already: `--no-same-owner`). docs/firmware.md, the image format.
+ */
+async function checkUnpacked(slotDir: string): Promise<void> {
+  const entries: { path: string; mode: number }[] = [];
+  const links = new Map<string, { path: string; nlink: number; seen: number }>();
+  const walk = async (dir: string, rel: string): Promise<void> => {
+    for (const name of await readdir(dir)) {
+      const path = join(dir, name);
+      const relPath = rel === '' ? name : `${rel}/${name}`;
+      const st = await lstat(path);
+      if (st.isSymbolicLink()) continue;
+      if (st.isDirectory()) {
+        entries.push({ path, mode: st.mode });
+        await walk(path, relPath);
+      } else if (st.isFile()) {
+        entries.push({ path, mode: st.mode });
+        if (st.nlink > 1) {
+          const key = `${st.dev}:${st.ino}`;
+          const l = links.get(key) ?? { path: relPath, nlink: st.nlink, seen: 0 };
+          l.seen++;
+          links.set(key, l);
+        }
+      } else {
+        const kind = st.isCharacterDevice()
+          ? 'a character device'
+          : st.isBlockDevice()
+            ? 'a block device'
+            : st.isFIFO()
+              ? 'a FIFO'
+              : st.isSocket()
+                ? 'a socket'
+                : 'a special file';
+        throw new InstallError(
+          'bad-member',
+          `the image has ${kind}, "${relPath}": only files, folders and links are allowed`,
+        );
+      }
+    }
+  };
+  try {
+    const root = await lstat(slotDir);
+    entries.push({ path: slotDir, mode: root.mode });
+    await walk(slotDir, '');
+  } catch (err) {
+    if (isInstallError(err)) throw err;
+    throw new InstallError('io', `cannot check what was unpacked into ${slotDir}: ${String(err)}`);
+  }
+  for (const l of links.values()) {
+    if (l.seen < l.nlink) {
+      throw new InstallError('bad-member', `the image has a hard link to a file outside it: "${l.path}"`);
+    }
+  }
+  try {
+    for (const e of entries) if ((e.mode & 0o7000) !== 0) await chmod(e.path, e.mode & 0o777);
+  } catch (err) {
+    throw new InstallError('io', `cannot clear setuid, setgid and sticky bits in ${slotDir}: ${String(err)}`);
   }
 }
 
@@ -431,6 +531,14 @@ export async function installImage(dir: string, imagePath: string, opts: Install
     tarTimeoutMs,
     `unpack the image into slot ${slot}`,
   );
+  try {
+    await checkUnpacked(slotDir);
+  } catch (err) {
+    // What was refused is not left in the slot for anything to start.
+    await rm(slotDir, { recursive: true, force: true }).catch(() => undefined);
+    await mkdir(slotDir).catch(() => undefined);
+    throw err;
+  }
   const manifest = await readManifest(slotDir);
   if (manifest.install !== undefined) {
     await runInstallScript(slotDir, manifest.install, {

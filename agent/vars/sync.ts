@@ -7,7 +7,8 @@
  * - A version from the cloud on `down/vars` is committed (if newer), then acknowledged on `up/acks`. The same
  *   version twice, or an older one, changes nothing and is acknowledged again.
  * - What the cloud has not acknowledged is sent again after every reconnect, and while connected after
- *   `retryMs`, until it is.
+ *   `retryMs`, until it is. A start resumes from the stamps: what the cloud acknowledged is not sent again,
+ *   unless the database was restored (`fullSyncOnStart`; docs/sync.md, offline and catch-up).
  */
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../../lib/log.js';
@@ -41,6 +42,8 @@ export interface SyncOptions {
   maxValueBytes: number;
   now: () => number;
   log: Logger;
+  /** Sync every `d` variable on the first connect (a restored database); otherwise only what is pending. */
+  fullSyncOnStart?: boolean;
 }
 
 export interface ChangeEvent {
@@ -88,7 +91,8 @@ export class VarSync extends EventEmitter<SyncEvents> {
   /** When each push or sync was last sent, for the retry while connected. */
   private readonly sentAt = new Map<string, number>();
   private retryTimer: NodeJS.Timeout | undefined;
-  private syncedSinceStart = false;
+  /** `false` while a full sync is due on the next connect. */
+  private syncedSinceStart: boolean;
   /** Counts connects and disconnects, so that paged work for a connection that is gone stops. */
   private connection = 0;
   private retrying = false;
@@ -102,6 +106,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
     private readonly opts: SyncOptions,
   ) {
     super();
+    this.syncedSinceStart = opts.fullSyncOnStart !== true;
   }
 
   // ---- the local interface -------------------------------------------------------------------------------
@@ -181,7 +186,10 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   // ---- the uplink ----------------------------------------------------------------------------------------
 
-  /** Called on every connect: sends again what the cloud has not acknowledged, and syncs once after start. */
+  /**
+   * Called on every connect: sends again what the cloud has not acknowledged, and everything when a full sync is
+   * due (a restored database, a deadleaf wake).
+   */
   onConnected(): void {
     this.connection++;
     this.sentAt.clear();
@@ -230,7 +238,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
     this.outAcks = [];
   }
 
-  /** A deadleaf wake syncs everything again, like a start. */
+  /** A deadleaf wake syncs everything again. */
   resyncOnNextConnect(): void {
     this.syncedSinceStart = false;
   }

@@ -52,7 +52,15 @@ export class DurableCloud {
   private readonly stmts;
   private readonly ackWaiters = new Map<string, (at: number) => void>();
   private readonly hellos = new Map<string, number>();
-  readonly counters = { versions: 0, unchanged: 0, acksSent: 0, acksReceived: 0, invalid: 0, commitFailures: 0 };
+  readonly counters = {
+    versions: 0,
+    unchanged: 0,
+    syncs: 0,
+    acksSent: 0,
+    acksReceived: 0,
+    invalid: 0,
+    commitFailures: 0,
+  };
 
   private constructor(path: string) {
     this.db = openDatabase(path, MIGRATIONS);
@@ -104,6 +112,22 @@ export class DurableCloud {
   /** Whether the device has said hello since the cloud started. */
   hasHello(deviceId: string): boolean {
     return this.hellos.has(deviceId);
+  }
+
+  /** The `bootTime` of the device's latest hello: a new one says a new agent process connected. */
+  helloBootTime(deviceId: string): number | undefined {
+    return this.hellos.get(deviceId);
+  }
+
+  /** Asks the device for a full sync (`down/vars` with `resync`), as a cloud that lost data would. */
+  requestResync(deviceId: string): void {
+    this.client.publish(
+      topicFor(deviceId, 'down/vars'),
+      encode('down/vars', { id: messageId(), items: [], resync: true }),
+      {
+        qos: 1,
+      },
+    );
   }
 
   /** Device versions committed for one device whose names start with `prefix`. */
@@ -207,6 +231,7 @@ export class DurableCloud {
             origin: item.origin,
             acked: Math.max(acked, item.time),
           }).changes;
+          if (item.kind === 'sync') this.counters.syncs++;
           if (changed > 0) this.counters.versions++;
           else this.counters.unchanged++;
           acks.push(ackFor(item));

@@ -6,7 +6,7 @@
  *   bridge hands its open commands over again, and the agent answers the repeat without running it again.
  */
 import { execFile } from 'node:child_process';
-import { rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -171,6 +171,104 @@ describe('commands across crashes', () => {
       ['block first', 'failed'],
     ]);
     expect(runsIn(work)).toEqual(['first', 'b', 'c', 'a', 'd']);
+  });
+
+  /** Whether a process is alive: a zombie left for init to reap counts as gone. */
+  function alive(pid: number): boolean {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+    } catch {
+      return false;
+    }
+  }
+
+  /**
+   * A handler dies with the agent (docs/agent.md, the command runner). With util-linux's `setpriv` on the agent's
+   * PATH the kernel kills the handler the moment the agent dies; without it, the restarted agent kills the
+   * process group that survived. Either way the handler's file never appears and the command is reported
+   * interrupted.
+   */
+  it.each([
+    ['setpriv on PATH: killed with the agent', process.env.PATH ?? '/usr/bin:/bin', true],
+    ['no setpriv: killed when the agent starts again', '/nonexistent', false],
+  ])('kill -9 of the agent, %s', async (_what, agentPath, pdeathsig) => {
+    const bridge: LiveBridge = await startLiveBridge();
+    cleanups.push(() => bridge.close());
+    const { work, handlers } = workFolder();
+    const identity = newIdentity();
+    const provision = join(work, 'provision.json');
+    writeFileSync(provision, JSON.stringify(identity), { mode: 0o600 });
+    const config = join(work, 'agent.json');
+    writeFileSync(config, JSON.stringify({ mqtt: { backoffMinMs: 50, backoffMaxMs: 500 } }));
+    const stateDir = tempDir('devcloud-cmd-agent-');
+    cleanups.push(() => rmSync(stateDir, { recursive: true, force: true }));
+    const procs: AgentProcess[] = [];
+    cleanups.push(async () => {
+      for (const p of procs) await p.kill9();
+    });
+    const spawn = () => {
+      const p = spawnAgent(
+        [
+          'run',
+          '--state-dir',
+          stateDir,
+          '--mqtt-url',
+          bridge.mqttUrl,
+          '--udp-port',
+          '0',
+          '--commands-dir',
+          handlers,
+          '--provision',
+          provision,
+          '--log-level',
+          'info',
+          '--log-pretty',
+          'never',
+          '--config',
+          config,
+        ],
+        { CONFIGURATION_DIRECTORY: work, PATH: agentPath },
+      );
+      procs.push(p);
+      return p;
+    };
+    const first = spawn();
+    (await waitForSocket(first.socket)).close();
+    const { deviceId } = identity;
+    const http = bridge.client();
+    await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
+    await signupAndClaim(http, identity.authcode, deviceId);
+
+    // Long enough for a restart of the agent on a busy machine to come first.
+    const delayMs = 12_000;
+    const cmd = await post(http, deviceId, `slow ${delayMs / 1000}`);
+    await until(() => existsSync(join(work, 'slow-child.pid')), 'the handler to start');
+    const startedAt = Date.now();
+    const pid = Number(readFileSync(join(work, 'slow.pid'), 'utf8'));
+    const child = Number(readFileSync(join(work, 'slow-child.pid'), 'utf8'));
+    expect(alive(pid) && alive(child)).toBe(true);
+
+    await first.kill9();
+    if (pdeathsig) {
+      // The kernel ends the handler with its parent; its child in the group is left to the agent's next start.
+      await until(() => !alive(pid), 'the handler to die with the agent', 5000);
+    } else {
+      // Nothing ends it: it is still at work when the agent is gone.
+      expect(alive(pid)).toBe(true);
+    }
+    const second = spawn();
+    (await waitForSocket(second.socket)).close();
+    await until(() => !alive(pid) && !alive(child), 'the handler and its child to be gone', 5000);
+    expect(Date.now() - startedAt).toBeLessThan(delayMs);
+
+    const report = await finished(http, deviceId, cmd);
+    expect(report.state).toBe('failed');
+    expect(report.reason).toMatch(/^interrupted: the agent stopped while it ran/);
+    // The handler would have written its file `delayMs` after it started: past that, there is none.
+    await new Promise((r) => setTimeout(r, Math.max(0, startedAt + delayMs + 1000 - Date.now())));
+    expect(existsSync(join(work, 'slow.out'))).toBe(false);
+    expect(second.output()).toMatch(/"event":"cmd\.interrupted"/);
   });
 
   it('kill -9 of the bridge: commands handed over again on hello run once', async () => {

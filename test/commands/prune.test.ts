@@ -5,7 +5,7 @@
  */
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { COMMAND_MIGRATION, CommandQueue } from '../../agent/commands/queue.js';
+import { COMMAND_MIGRATION, COMMAND_PROCESS_MIGRATION, CommandQueue } from '../../agent/commands/queue.js';
 import { CommandRunner } from '../../agent/commands/runner.js';
 import { CommandService } from '../../bridge/commands/service.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
@@ -25,7 +25,7 @@ describe('pruning finished commands', () => {
   it('on the agent: at start, and again every hour', async () => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval', 'setTimeout', 'clearTimeout'] });
     let now = Date.UTC(2030, 0, 1);
-    const db = openDatabase(join(tempDir(), 'agent.db'), [COMMAND_MIGRATION]);
+    const db = openDatabase(join(tempDir(), 'agent.db'), [COMMAND_MIGRATION, COMMAND_PROCESS_MIGRATION]);
     const commit = new GroupCommitter(db);
     const queue = new CommandQueue(db);
     /** A command that finished at `at` and whose report reached the broker. */

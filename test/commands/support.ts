@@ -63,6 +63,14 @@ export function writeHandlers(handlers: string, work: string): void {
     ].join('\n'),
     bin: [`cat > "$W/stdin.bin"`, `printf '%s' "$DEVCLOUD_COMMAND64" > "$W/env64"`].join('\n'),
     hang: [`sleep 1000 &`, `echo $! > "$W/child.pid"`, `wait`].join('\n'),
+    // Writes its file after a delay, unless it is killed first; its pid and its child's are in the work folder.
+    slow: [
+      `echo $$ > "$W/slow.pid"`,
+      `sleep "$1" &`,
+      `echo $! > "$W/slow-child.pid"`,
+      `wait`,
+      `echo ran > "$W/slow.out"`,
+    ].join('\n'),
     big: `seq 1 3000`,
     utf: `i=0; while [ $i -lt 2000 ]; do printf '€'; i=$((i+1)); done`,
   };

@@ -89,10 +89,16 @@ describe('systemd units', () => {
     ['a bad value', 'devcloud-agent.service', (t: string) => t.replace('Type=notify', 'Type=notified')],
     ['a missing program', 'devcloud-bridge.service', (t: string) => t.replace(process.execPath, '/nonexistent/node')],
     ['a relative program', 'devcloud-agent-rollback.service', (t: string) => t.replace(process.execPath, 'bin/node')],
+    ['a bad KillMode', 'devcloud-agent.service', (t: string) => t.replace('KillMode=control-group', 'KillMode=group')],
   ])('fail systemd-analyze verify with %s', async (_what, unit, edit) => {
     const r = await verify(unitCopy((name, text) => (name === unit ? edit(text) : text)));
     expect(r.output).toContain(unit);
     expect(r.ok).toBe(false);
+  });
+
+  it('stop command handlers with the agent: KillMode=control-group', () => {
+    const text = readFileSync(join(ROOT, 'systemd', 'devcloud-agent.service'), 'utf8');
+    expect(text.match(/^KillMode=.*$/gm)).toEqual(['KillMode=control-group']);
   });
 
   it('keep the agent sandboxed: systemd-analyze security rates it OK', async () => {
