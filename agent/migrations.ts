@@ -5,6 +5,11 @@
 import type { Migration } from '../lib/sqlite.js';
 import { COMMAND_MIGRATION } from './commands/queue.js';
 import { FIRMWARE_MIGRATION } from './fw/store.js';
-import { VAR_MIGRATIONS } from './vars/store.js';
+import { UNVERIFIED_MIGRATION, VAR_MIGRATIONS } from './vars/store.js';
 
-export const AGENT_MIGRATIONS: readonly Migration[] = [...VAR_MIGRATIONS, COMMAND_MIGRATION, FIRMWARE_MIGRATION];
+export const AGENT_MIGRATIONS: readonly Migration[] = [
+  ...VAR_MIGRATIONS,
+  COMMAND_MIGRATION,
+  FIRMWARE_MIGRATION,
+  UNVERIFIED_MIGRATION,
+];

@@ -39,7 +39,10 @@ export interface SyncOptions {
   batchSize: number;
   retryMs: number;
   maxValueBytes: number;
+  /** Stamps versions: the cloud's clock as the agent knows it (decision 24). */
   now: () => number;
+  /** Times the retry: steps of the wall clock must not hold it up (`now` without it). */
+  monotonic?: () => number;
   log: Logger;
 }
 
@@ -348,7 +351,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
       this.outAcks = [];
       return;
     }
-    const now = this.opts.now();
+    const now = (this.opts.monotonic ?? this.opts.now)();
     const size = this.opts.batchSize;
     const items = [...this.outVars.entries()];
     this.outVars.clear();
@@ -390,7 +393,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
   private retry(): void {
     if (!this.uplink.connected || this.retrying) return;
     this.retrying = true;
-    const now = this.opts.now();
+    const now = (this.opts.monotonic ?? this.opts.now)();
     const due = (key: string) => now - (this.sentAt.get(key) ?? 0) >= this.opts.retryMs;
     this.resendPending(this.connection, due)
       .then((sent) => {
