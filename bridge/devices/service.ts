@@ -73,8 +73,10 @@ export class DeviceService {
   private send: SendDown = () => false;
   private readonly activityWritten = new Map<string, number>();
   /**
-   * Per device, its own clock minus the bridge's at its latest hello (`ts` is the gateway's uncorrected clock):
-   * what an unverified version is corrected by (decision 24, docs/sync.md#clocks).
+   * Per device whose latest hello says `clock`, its own clock minus the bridge's at that hello (`ts` is the gateway's
+   * uncorrected clock): what an unverified version is corrected by (decision 24, docs/sync.md#clocks). A device
+   * without an entry is not re-stamped unless it marks a version unverified: an older agent would not take the
+   * bridge's answer, and the two sides would differ.
    */
   private readonly skews = new Map<string, number>();
   readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
@@ -190,7 +192,8 @@ export class DeviceService {
       return;
     }
     const now = this.opts.now();
-    this.skews.set(deviceId, hello.ts - now);
+    if (hello.clock === true) this.skews.set(deviceId, hello.ts - now);
+    else this.skews.delete(deviceId);
     const taken = await this.opts.store.write(() => {
       const devices = this.opts.store.devices;
       this.activity(deviceId, now);
@@ -263,7 +266,7 @@ export class DeviceService {
       this.activity(deviceId, now);
       const out: AckItem[] = [];
       for (const item of msg.items) {
-        const time = cloudTime(item, skew, now);
+        const time = item.unverified === true || skew !== undefined ? cloudTime(item, skew, now) : item.time;
         const r = devices.applyFromDevice(
           deviceId,
           { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
