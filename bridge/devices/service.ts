@@ -266,7 +266,11 @@ export class DeviceService {
       this.activity(deviceId, now);
       const out: AckItem[] = [];
       for (const item of msg.items) {
-        const time = item.unverified === true || skew !== undefined ? cloudTime(item, skew, now) : item.time;
+        // A cloud version the device has not acknowledged yet, read only for a version far ahead (rule 2 of
+        // docs/sync.md#clocks): the device's change was made without knowing it.
+        const held = item.time > now + CLOCK_TOLERANCE_MS ? devices.getVar(deviceId, item.type, item.name) : undefined;
+        const unseen = held && held.origin === 'cloud' && held.acked < held.time ? held.time : undefined;
+        const time = item.unverified === true || skew !== undefined ? cloudTime(item, skew, now, unseen) : item.time;
         const r = devices.applyFromDevice(
           deviceId,
           { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
@@ -459,13 +463,16 @@ const UNRECORDED_META: ReadonlySet<string> = new Set(['uptime', 'pending', 'queu
 /**
  * The time the cloud orders a device's version by (decision 24, docs/sync.md#clocks). A version the agent stamped
  * before it knew the cloud's clock (`unverified`) is moved by the device's skew at its latest hello, and never
- * later than now; any other device version more than CLOCK_TOLERANCE_MS ahead of the bridge's clock is taken as
- * made now. Everything else keeps its time.
+ * later than now. Any other device version more than CLOCK_TOLERANCE_MS ahead of the bridge's clock was made at an
+ * unknown time before now: it is taken as made now, unless the bridge holds a cloud version the device has not
+ * acknowledged (`unseen`, its time), which the device's change cannot have followed: then it takes that version's
+ * time, and the cloud's version wins the tie. Everything else keeps its time.
  */
-export function cloudTime(item: VarItem, skew: number | undefined, now: number): number {
+export function cloudTime(item: VarItem, skew: number | undefined, now: number, unseen?: number): number {
   if (item.origin !== 'device') return item.time;
   if (item.unverified === true) return Math.max(0, Math.min(now, item.time - (skew ?? 0)));
-  return item.time > now + CLOCK_TOLERANCE_MS ? now : item.time;
+  if (item.time <= now + CLOCK_TOLERANCE_MS) return item.time;
+  return unseen === undefined ? now : Math.min(now, unseen);
 }
 
 /** A stored `d` record as the wire sees it. */
