@@ -83,6 +83,11 @@ export const VarItem = z
      * (decision 24). The cloud re-stamps such a version (docs/sync.md#clocks).
      */
     unverified: z.literal(true).optional(),
+    /**
+     * Cloud to device only: this version answers the device's version with this `time`, which the cloud re-stamped
+     * (decision 24, docs/sync.md#clocks); a device that still holds that version takes this one in its place.
+     */
+    replaces: Stamp.optional(),
   })
   .strict()
   .superRefine((item, ctx) => {

@@ -10,7 +10,7 @@
  * caller's transaction (see GroupCommitter).
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
-import { type AckItem, CLOCK_TOLERANCE_MS, type Version, compareVersions } from '../../protocol/index.js';
+import { type AckItem, type Version, compareVersions } from '../../protocol/index.js';
 
 export type VarType = 'd' | 's';
 export type Origin = 'device' | 'cloud';
@@ -26,8 +26,8 @@ export interface VarRecord {
   synced: number;
   syncacked: number;
   /**
-   * 1 when `time` was stamped by the gateway's own clock before the agent learnt the cloud's (decision 24): the
-   * cloud re-stamps it, and any version the cloud sends replaces it (docs/sync.md#clocks). 0 otherwise.
+   * 1 when `time` was stamped by the gateway's own clock before the agent learnt the cloud's (decision 24): it goes
+   * up marked, and the cloud re-stamps it (docs/sync.md#clocks). 0 otherwise.
    */
   unverified: number;
 }
@@ -193,24 +193,23 @@ export class VarStore {
 
   /**
    * A version received from the cloud. Applied when newer than ours; the cloud holds it, so it counts as
-   * acknowledged at once. The same version again is a duplicate, an older one is ignored, except over a version
-   * of ours that the cloud does not trust (decision 24, docs/sync.md#clocks): one stamped before the agent knew the
-   * cloud's clock, or one stamped further ahead of `now` (the cloud's clock) than the tolerance. The cloud re-stamps
-   * those, and the version it sends back is what both sides keep.
+   * acknowledged at once. The same version again is a duplicate, an older one is ignored, except the cloud's answer
+   * to a gateway version of ours it re-stamped (`replaces` names our version's time; decision 24,
+   * docs/sync.md#clocks): that one takes our version's place, so that both sides keep the same.
    */
   applyRemote(
     type: VarType,
     name: string,
     value: Buffer | null,
-    version: Version,
+    version: Version & { replaces?: number },
     now: number,
   ): { outcome: RemoteOutcome; record: VarRecord | undefined } {
     const cur = this.get(type, name);
     if (cur) {
       const cmp = compareVersions(version, cur);
       if (cmp === 0) return { outcome: 'duplicate', record: cur };
-      const untrusted = cur.origin === 'device' && (cur.unverified === 1 || cur.time > now + CLOCK_TOLERANCE_MS);
-      if (cmp < 0 && !untrusted) return { outcome: 'older', record: cur };
+      const answersOurs = cur.origin === 'device' && version.replaces === cur.time;
+      if (cmp < 0 && !answersOurs) return { outcome: 'older', record: cur };
     }
     const rec: VarRecord = {
       type,

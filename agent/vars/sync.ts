@@ -294,7 +294,11 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   private applyRemote(item: VarItem): void {
     const value = decodeValue(item);
-    const version = { time: item.time, origin: item.origin };
+    const version = {
+      time: item.time,
+      origin: item.origin,
+      ...(item.replaces === undefined ? {} : { replaces: item.replaces }),
+    };
     this.run(() => {
       const result = this.store.applyRemote(item.type, item.name, value, version, this.opts.now());
       // A sync of an older version means the cloud lacks ours: clear our ack so that ours is pushed again.

@@ -283,7 +283,10 @@ export class DeviceService {
           // a repeat of the item gets it again.
           restamped++;
           if (r.outcome === 'applied') devices.unack(deviceId, item.type, item.name);
-          repush.push(varItem(asVersion(devices.getVar(deviceId, item.type, item.name)!), 'push'));
+          repush.push({
+            ...varItem(asVersion(devices.getVar(deviceId, item.type, item.name)!), 'push'),
+            replaces: item.time,
+          });
           continue;
         }
         // A device's sync says "this is what I hold": older than ours means it lost ours, which goes again.

@@ -133,7 +133,9 @@ describe('the cloud clock on the bridge', () => {
 
     // Answered with the version the bridge keeps, the user's, instead of an acknowledgement.
     const answer = await until(() => d.on('down/vars')[seen], 'the answer');
-    expect(answer.items).toEqual([expect.objectContaining({ value: 'user', time: user.time, origin: 'cloud' })]);
+    expect(answer.items).toEqual([
+      expect.objectContaining({ value: 'user', time: user.time, origin: 'cloud', replaces: madeAt + HOUR }),
+    ]);
     expect(d.on('down/acks')).toEqual([]);
     expect(await cloudVar(d.id, 'led')).toMatchObject({ value: 'user', time: user.time });
 
@@ -154,7 +156,7 @@ describe('the cloud clock on the bridge', () => {
           .find((i) => i.name === 'fan'),
       'fan sent back',
     );
-    expect(back).toMatchObject({ value: 'gateway', time: fan.time, origin: 'device' });
+    expect(back).toMatchObject({ value: 'gateway', time: fan.time, origin: 'device', replaces: later + HOUR });
     expect(back.unverified).toBeUndefined();
     // The device takes it and acknowledges: the bridge's version is settled.
     await d.client.publishAsync(
