@@ -14,6 +14,7 @@ import { type Db, GroupCommitter, freeBytes, openDatabase } from '../lib/sqlite.
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { type HelloMessage, Mode, messageId } from '../protocol/index.js';
+import { CloudClock, bootId, monotonicMs } from './clock.js';
 import { type AgentConfig, socketPath } from './config.js';
 import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue.js';
 import { CommandRunner } from './commands/runner.js';
@@ -40,7 +41,11 @@ export interface AgentDeps {
   config: AgentConfig;
   log: Logger;
   env?: NodeJS.ProcessEnv;
+  /** The gateway's own clock (`Date.now`); the agent corrects it by the cloud's (decision 24, agent/clock.ts). */
   now?: () => number;
+  /** The monotonic clock (`monotonicMs`) and the boot id (`bootId()`), for tests. */
+  monotonic?: () => number;
+  bootId?: string | undefined;
   /**
    * What the `restart` command does once the agent has stopped: by default the process exits with status 75, and
    * its service manager starts it again.
@@ -60,12 +65,18 @@ export class Agent {
   readonly commands: CommandRunner;
   readonly queue: CommandQueue;
   readonly firmware: FirmwareUpdater;
+  /** The cloud's clock as the agent knows it: what every part stamps and judges time by. */
+  readonly clock: CloudClock;
   private readonly db: Db;
   private readonly commit: GroupCommitter;
   private readonly reporter: HeardReporter;
   private readonly hook: ChangeHook | undefined;
   private readonly report: MetaReporter;
   private readonly startedAt: number;
+  /** Monotonic time at start: uptime must not jump when the clock is corrected. */
+  private readonly startedMono: number;
+  /** The time every part uses: {@link clock}'s `now`. */
+  private readonly now: () => number;
   private mode: AgentMode = 'master';
   private asleep = false;
   private wakeTimer: NodeJS.Timeout | undefined;
@@ -77,11 +88,12 @@ export class Agent {
   private constructor(
     private readonly config: AgentConfig,
     private readonly log: Logger,
-    private readonly now: () => number,
+    private readonly ownNow: () => number,
+    monotonic: () => number,
+    boot: string | undefined,
     env: NodeJS.ProcessEnv,
     private readonly onRestart: () => void,
   ) {
-    this.startedAt = now();
     const { identity, source } = loadIdentity(config.stateDir, config.identity.provisioningFile);
     this.identity = identity;
     log.setBindings({ deviceId: identity.deviceId });
@@ -94,7 +106,12 @@ export class Agent {
         else log.info({ event: 'storage.recovered', stateDir: config.stateDir });
       },
     });
-    const store = new VarStore(this.db, config.store.historyLimit);
+    this.clock = new CloudClock({ db: this.db, commit: this.commit, log, own: ownNow, monotonic, boot });
+    const now = this.clock.now;
+    this.now = now;
+    this.startedAt = now();
+    this.startedMono = this.clock.monotonic();
+    const store = new VarStore(this.db, config.store.historyLimit, () => this.clock.verified);
     const generation = nextGeneration(this.db, config.stateDir);
     if (generation.fullSync) {
       log.warn({
@@ -133,6 +150,7 @@ export class Agent {
       retryMs: config.sync.retryMs,
       maxValueBytes: config.store.maxValueBytes,
       now,
+      monotonic: this.clock.monotonic,
       log,
       fullSyncOnStart: generation.fullSync,
     });
@@ -182,7 +200,7 @@ export class Agent {
       figures: () => {
         const pending = this.vars.pending();
         return {
-          uptime: Math.floor((this.now() - this.startedAt) / 1000),
+          uptime: Math.floor((this.clock.monotonic() - this.startedMono) / 1000),
           pending: pending.pushes + pending.syncs,
           queue: this.queue.counts().queued ?? 0,
           rss: process.memoryUsage.rss(),
@@ -196,6 +214,7 @@ export class Agent {
       ipv6: config.udp.ipv6,
       dedupeMs: config.udp.dedupeMs,
       now,
+      monotonic: this.clock.monotonic,
       log,
       onHeard: (code, at) => this.reporter.heard(code, at),
     });
@@ -230,6 +249,9 @@ export class Agent {
       deps.config,
       deps.log,
       deps.now ?? Date.now,
+      // A test that drives the clock drives intervals with it.
+      deps.monotonic ?? deps.now ?? monotonicMs,
+      'bootId' in deps ? deps.bootId : bootId(),
       deps.env ?? process.env,
       deps.onRestart ?? (() => process.exit(RESTART_EXIT_CODE)),
     );
@@ -306,7 +328,8 @@ export class Agent {
       // `expired`, which mean different things.
       commands: { ...this.commands.counters, pdeathsig: this.commands.launcher.pdeathsig, queue: this.queue.counts() },
       firmware: this.firmware.status(),
-      uptimeMs: this.now() - this.startedAt,
+      uptimeMs: Math.round(this.clock.monotonic() - this.startedMono),
+      clock: this.clock.status(),
       memory: process.memoryUsage(),
       lastErrors: recentProblems(this.log),
     };
@@ -334,6 +357,8 @@ export class Agent {
     });
     this.uplink.on('down', () => this.vars.onDisconnected());
     this.uplink.on('message', (msg) => {
+      // The bridge's clock first, so that what the message carries is judged by it.
+      if (msg.payload.now !== undefined) this.clock.learn(msg.payload.now);
       this.touch();
       this.onMessage(msg);
     });
@@ -380,7 +405,9 @@ export class Agent {
       fwVersion: this.firmware.version(),
       mode: this.mode,
       bootTime: this.startedAt,
-      ts: this.now(),
+      // The gateway's own clock: the cloud estimates from it the skew of versions stamped before contact.
+      ts: this.ownNow(),
+      clock: true,
     };
   }
 

@@ -5,11 +5,12 @@
 import type { Migration } from '../lib/sqlite.js';
 import { COMMAND_MIGRATION, COMMAND_PROCESS_MIGRATION } from './commands/queue.js';
 import { FIRMWARE_MIGRATION } from './fw/store.js';
-import { VAR_MIGRATIONS } from './vars/store.js';
+import { UNVERIFIED_MIGRATION, VAR_MIGRATIONS } from './vars/store.js';
 
 export const AGENT_MIGRATIONS: readonly Migration[] = [
   ...VAR_MIGRATIONS,
   COMMAND_MIGRATION,
   FIRMWARE_MIGRATION,
   COMMAND_PROCESS_MIGRATION,
+  UNVERIFIED_MIGRATION,
 ];

@@ -65,6 +65,8 @@ export interface VersionRecord {
   time: number;
   origin: 'device' | 'cloud';
   synced: number;
+  /** Stamped by a gateway's own clock before it learnt the cloud's (decision 24): 1 or `true`. */
+  unverified?: number | boolean | undefined;
 }
 
 /** The wire form of a version: a push, or a sync carrying the sender's `synced` stamp. */
@@ -78,6 +80,7 @@ export function varItem(rec: VersionRecord, kind: 'push' | 'sync'): VarItem {
     origin: rec.origin,
   };
   if (kind === 'sync') item.synced = rec.synced;
+  if (rec.unverified) item.unverified = true;
   return item;
 }
 
@@ -93,6 +96,13 @@ export interface Version {
   time: number;
   origin: 'device' | 'cloud';
 }
+
+/**
+ * How far ahead of the cloud's clock a device's version may be stamped before the cloud re-stamps it (decision 24,
+ * docs/sync.md#clocks): more than network delay and a clock's drift between two offset samples, far less than
+ * the hour a gateway without a real-time clock can be off.
+ */
+export const CLOCK_TOLERANCE_MS = 60_000;
 
 /** Orders versions: later `time` wins, and on a tie the cloud wins (DESIGN section 3). Both sides use it. */
 export function compareVersions(a: Version, b: Version): number {

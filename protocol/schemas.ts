@@ -38,6 +38,11 @@ export const DeviceAuthcode = z.string().regex(HEX_RE).min(16).max(128);
 export const HeardAuthcode = z.string().regex(HEX_RE).min(8).max(128);
 export const Mode = z.enum(['master', 'connected', 'deadleaf']);
 export type Mode = z.infer<typeof Mode>;
+/**
+ * On every `down/` payload, optional: the bridge's clock when it sent the message, so that an agent can keep an
+ * offset to the cloud's clock (decision 24, docs/sync.md#clocks). Sent only to agents whose hello says `clock`.
+ */
+const Now = Stamp.optional();
 
 const base64 = (maxDecodedBytes: number) =>
   z
@@ -73,6 +78,16 @@ export const VarItem = z
     origin: Origin,
     /** With `kind: "sync"`: the sender's `synced` stamp, echoed in the acknowledgement. */
     synced: Stamp.optional(),
+    /**
+     * Device to cloud only: `time` comes from the gateway's own clock, before the agent learnt the cloud's
+     * (decision 24). The cloud re-stamps such a version (docs/sync.md#clocks).
+     */
+    unverified: z.literal(true).optional(),
+    /**
+     * Cloud to device only: this version answers the device's version with this `time`, which the cloud re-stamped
+     * (decision 24, docs/sync.md#clocks); a device that still holds that version takes this one in its place.
+     */
+    replaces: Stamp.optional(),
   })
   .strict()
   .superRefine((item, ctx) => {
@@ -93,9 +108,14 @@ export const VarsMessage = z
     items: z.array(VarItem).max(MAX_BATCH_ITEMS),
     /** Cloud to device only: asks the agent to sync all of its `d` variables (catch-up after data loss). */
     resync: z.boolean().optional(),
+    now: Now,
   })
   .strict()
-  .refine((m) => m.items.length > 0 || m.resync === true, 'a vars message carries items or asks for a resync');
+  .refine(
+    // With `now` alone, it only tells the time: the bridge's answer to a hello.
+    (m) => m.items.length > 0 || m.resync === true || m.now !== undefined,
+    'a vars message carries items, asks for a resync or tells the time',
+  );
 export type VarsMessage = z.infer<typeof VarsMessage>;
 
 /** One acknowledgement: names the version (and, for a sync, the `synced` stamp) it acknowledges. */
@@ -117,6 +137,7 @@ export const AcksMessage = z
   .object({
     id: MessageId,
     acks: z.array(AckItem).min(1).max(MAX_BATCH_ITEMS),
+    now: Now,
   })
   .strict();
 export type AcksMessage = z.infer<typeof AcksMessage>;
@@ -134,7 +155,10 @@ export const HelloMessage = z
     mode: Mode,
     /** When the agent process started (ms); a change tells the cloud the agent restarted. */
     bootTime: Stamp,
+    /** The gateway's own clock when the hello was made, uncorrected: the cloud learns the gateway's skew from it. */
     ts: Stamp,
+    /** The agent reads `now` on `down/` payloads (decision 24); a bridge adds it only for such an agent. */
+    clock: z.literal(true).optional(),
   })
   .strict();
 export type HelloMessage = z.infer<typeof HelloMessage>;
@@ -189,6 +213,7 @@ export const CmdMessage = z
     priority: z.union([z.literal(0), z.literal(1), z.literal(2)]),
     created: Stamp,
     expires: Stamp,
+    now: Now,
   })
   .strict();
 export type CmdMessage = z.infer<typeof CmdMessage>;
@@ -208,9 +233,10 @@ export const FwMessage = z.discriminatedUnion('action', [
       size: z.number().int().min(0),
       sha256: z.string().regex(/^[0-9a-f]{64}$/),
       signature: base64(128),
+      now: Now,
     })
     .strict(),
-  z.object({ id: MessageId, action: z.literal('cancel'), job: Uuid }).strict(),
+  z.object({ id: MessageId, action: z.literal('cancel'), job: Uuid, now: Now }).strict(),
 ]);
 export type FwMessage = z.infer<typeof FwMessage>;
 

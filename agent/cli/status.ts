@@ -188,6 +188,15 @@ export async function statusCommand(
   return EXIT.unreachable;
 }
 
+/** The cloud's clock as the agent knows it (docs/sync.md#clocks). */
+function clockText(c: Json | undefined): string {
+  if (!c || typeof c.offsetMs !== 'number') return "the gateway's own (the cloud's not learnt yet)";
+  const off = c.offsetMs;
+  const sign = off <= -1000 ? '-' : '+';
+  const from = c.source === 'saved' ? 'saved earlier in this boot' : 'learnt';
+  return `the cloud's: ${sign}${duration(Math.abs(off))} from the gateway's own, ${from} ${duration(Number(c.ageMs ?? 0))} ago`;
+}
+
 function duration(ms: number): string {
   const s = Math.floor(ms / 1000);
   const d = Math.floor(s / 86400);
@@ -251,6 +260,7 @@ function printRunning(s: Json, io: Out): void {
   row(io, 'broker', String(s.broker));
   row(io, 'state', `${String(s.state)} (${Number(s.connects ?? 0)} connects since start)`);
   row(io, 'mode', String(s.mode));
+  row(io, 'clock', clockText(s.clock as Json | undefined));
   const nearby = s.nearby as Json | undefined;
   if (nearby) {
     const where = nearby.listening ? `listening on UDP ${String(nearby.port)}` : 'not listening';

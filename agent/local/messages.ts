@@ -52,6 +52,8 @@ export interface VarJson {
   acked: number;
   synced: number;
   syncacked: number;
+  /** Stamped by the gateway's own clock before the agent learnt the cloud's (docs/sync.md#clocks). */
+  unverified?: true;
 }
 
 export function varJson(rec: VarRecord): VarJson {
@@ -64,6 +66,7 @@ export function varJson(rec: VarRecord): VarJson {
     acked: rec.acked,
     synced: rec.synced,
     syncacked: rec.syncacked,
+    ...(rec.unverified ? { unverified: true as const } : {}),
   };
 }
 

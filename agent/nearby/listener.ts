@@ -26,7 +26,10 @@ export interface NearbyOptions {
   port: number;
   ipv6: boolean;
   dedupeMs: number;
+  /** When a code was heard, as reported (the cloud's clock as the agent knows it). */
   now: () => number;
+  /** Times the once-per-`dedupeMs` rule, so that a step of the wall clock cannot silence it (`now` without it). */
+  monotonic?: () => number;
   log: Logger;
   onHeard: (authcode: string, at: number) => void;
 }
@@ -108,17 +111,17 @@ export class NearbyListener {
       this.opts.log.debug({ event: 'nearby.ignored', from, bytes: msg.length });
       return;
     }
-    const now = this.opts.now();
+    const mono = (this.opts.monotonic ?? this.opts.now)();
     const last = this.lastReported.get(code);
-    if (last !== undefined && now - last < this.opts.dedupeMs) {
+    if (last !== undefined && mono - last < this.opts.dedupeMs) {
       this.counters.repeated++;
       return;
     }
-    if (this.lastReported.size >= MAX_TRACKED) this.prune(now);
-    this.lastReported.set(code, now);
+    if (this.lastReported.size >= MAX_TRACKED) this.prune(mono);
+    this.lastReported.set(code, mono);
     this.counters.reported++;
     this.opts.log.debug({ event: 'nearby.heard', code: redactCode(code), from });
-    this.opts.onHeard(code, now);
+    this.opts.onHeard(code, this.opts.now());
   }
 
   private prune(now: number): void {

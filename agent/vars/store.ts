@@ -25,6 +25,11 @@ export interface VarRecord {
   acked: number;
   synced: number;
   syncacked: number;
+  /**
+   * 1 when `time` was stamped by the gateway's own clock before the agent learnt the cloud's (decision 24): it goes
+   * up marked, and the cloud re-stamps it (docs/sync.md#clocks). 0 otherwise.
+   */
+  unverified: number;
 }
 
 export { type Version, compareVersions };
@@ -64,6 +69,11 @@ export const VAR_MIGRATIONS: readonly Migration[] = [
   },
 ];
 
+/** Decision 24: which versions were stamped before the agent knew the cloud's clock. Appended to the agent's list. */
+export const UNVERIFIED_MIGRATION: Migration = (db) => {
+  db.exec('ALTER TABLE vars ADD COLUMN unverified INTEGER NOT NULL DEFAULT 0');
+};
+
 interface Stamps {
   time: number;
   synced: number;
@@ -88,26 +98,30 @@ export class VarStore {
   constructor(
     private readonly db: Db,
     private readonly historyLimit: number,
+    /** Whether the time the caller passes comes from the cloud's clock (decision 24); always, without it. */
+    private readonly verified: () => boolean = () => true,
   ) {
     this.stmts = {
       get: db.prepare<[VarType, string], Row>('SELECT * FROM vars WHERE type = ? AND name = ?'),
       list: db.prepare<[VarType], Row>('SELECT * FROM vars WHERE type = ? AND value IS NOT NULL ORDER BY name'),
       upsert: db.prepare(`
-        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
-        VALUES (@type, @name, @value, @time, @origin, @acked, @synced, @syncacked)
+        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked, unverified)
+        VALUES (@type, @name, @value, @time, @origin, @acked, @synced, @syncacked, @unverified)
         ON CONFLICT (type, name) DO UPDATE SET
           value = excluded.value, time = excluded.time, origin = excluded.origin, acked = excluded.acked,
-          synced = excluded.synced, syncacked = excluded.syncacked`),
+          synced = excluded.synced, syncacked = excluded.syncacked, unverified = excluded.unverified`),
       // A value set on the gateway, in one statement: its time is later than the version it replaces.
-      setLocal: db.prepare<[{ type: VarType; name: string; value: Buffer; now: number }], Stamps>(`
-        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked)
-        VALUES (@type, @name, @value, @now, 'device', 0, 0, 0)
+      setLocal: db.prepare<[{ type: VarType; name: string; value: Buffer; now: number; unverified: number }], Stamps>(`
+        INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked, unverified)
+        VALUES (@type, @name, @value, @now, 'device', 0, 0, 0, @unverified)
         ON CONFLICT (type, name) DO UPDATE SET
-          value = excluded.value, time = max(excluded.time, vars.time + 1), origin = 'device', acked = 0
+          value = excluded.value, time = max(excluded.time, vars.time + 1), origin = 'device', acked = 0,
+          unverified = excluded.unverified
         RETURNING time, synced, syncacked`),
       // Acknowledgements change stamps only; the value is not read back.
+      // The cloud took the version as it is: from then on it is the cloud's too, verified or not (decision 24).
       ack: db.prepare<[{ now: number; type: VarType; name: string; time: number; origin: Origin }], { acked: number }>(`
-        UPDATE vars SET acked = max(@now, time)
+        UPDATE vars SET acked = max(@now, time), unverified = 0
         WHERE type = @type AND name = @name AND time = @time AND origin = @origin AND acked < time
         RETURNING acked`),
       syncAck: db.prepare<[{ now: number; type: VarType; name: string; synced: number }], { syncacked: number }>(`
@@ -154,8 +168,9 @@ export class VarStore {
    */
   setLocal(type: VarType, name: string, value: Buffer | null, now: number): VarRecord | undefined {
     if (value !== null) {
-      const stamps = this.stmts.setLocal.get({ type, name, value, now })!;
-      const rec: VarRecord = { type, name, value, origin: 'device', acked: 0, ...stamps };
+      const unverified = this.verified() ? 0 : 1;
+      const stamps = this.stmts.setLocal.get({ type, name, value, now, unverified })!;
+      const rec: VarRecord = { type, name, value, origin: 'device', acked: 0, unverified, ...stamps };
       this.addHistory(rec);
       return rec;
     }
@@ -170,6 +185,7 @@ export class VarStore {
       acked: 0,
       synced: cur?.synced ?? 0,
       syncacked: cur?.syncacked ?? 0,
+      unverified: this.verified() ? 0 : 1,
     };
     this.write(rec);
     return rec;
@@ -177,20 +193,23 @@ export class VarStore {
 
   /**
    * A version received from the cloud. Applied when newer than ours; the cloud holds it, so it counts as
-   * acknowledged at once. The same version again is a duplicate, an older one is ignored.
+   * acknowledged at once. The same version again is a duplicate, an older one is ignored, except the cloud's answer
+   * to a gateway version of ours it re-stamped (`replaces` names our version's time; decision 24,
+   * docs/sync.md#clocks): that one takes our version's place, so that both sides keep the same.
    */
   applyRemote(
     type: VarType,
     name: string,
     value: Buffer | null,
-    version: Version,
+    version: Version & { replaces?: number },
     now: number,
   ): { outcome: RemoteOutcome; record: VarRecord | undefined } {
     const cur = this.get(type, name);
     if (cur) {
       const cmp = compareVersions(version, cur);
       if (cmp === 0) return { outcome: 'duplicate', record: cur };
-      if (cmp < 0) return { outcome: 'older', record: cur };
+      const answersOurs = cur.origin === 'device' && version.replaces === cur.time;
+      if (cmp < 0 && !answersOurs) return { outcome: 'older', record: cur };
     }
     const rec: VarRecord = {
       type,
@@ -201,6 +220,7 @@ export class VarStore {
       acked: Math.max(now, version.time),
       synced: cur?.synced ?? 0,
       syncacked: cur?.syncacked ?? 0,
+      unverified: 0,
     };
     this.write(rec);
     return { outcome: 'applied', record: rec };

@@ -40,7 +40,10 @@ export interface SyncOptions {
   batchSize: number;
   retryMs: number;
   maxValueBytes: number;
+  /** Stamps versions: the cloud's clock as the agent knows it (decision 24). */
   now: () => number;
+  /** Times the retry: steps of the wall clock must not hold it up (`now` without it). */
+  monotonic?: () => number;
   log: Logger;
   /** Sync every `d` variable on the first connect (a restored database); otherwise only what is pending. */
   fullSyncOnStart?: boolean;
@@ -299,7 +302,11 @@ export class VarSync extends EventEmitter<SyncEvents> {
 
   private applyRemote(item: VarItem): void {
     const value = decodeValue(item);
-    const version = { time: item.time, origin: item.origin };
+    const version = {
+      time: item.time,
+      origin: item.origin,
+      ...(item.replaces === undefined ? {} : { replaces: item.replaces }),
+    };
     this.run(() => {
       const result = this.store.applyRemote(item.type, item.name, value, version, this.opts.now());
       // A sync of an older version means the cloud lacks ours: clear our ack so that ours is pushed again.
@@ -356,7 +363,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
       this.outAcks = [];
       return;
     }
-    const now = this.opts.now();
+    const now = (this.opts.monotonic ?? this.opts.now)();
     const size = this.opts.batchSize;
     const items = [...this.outVars.entries()];
     this.outVars.clear();
@@ -398,7 +405,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
   private retry(): void {
     if (!this.uplink.connected || this.retrying) return;
     this.retrying = true;
-    const now = this.opts.now();
+    const now = (this.opts.monotonic ?? this.opts.now)();
     const due = (key: string) => now - (this.sentAt.get(key) ?? 0) >= this.opts.retryMs;
     this.resendPending(this.connection, due)
       .then((sent) => {

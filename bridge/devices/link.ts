@@ -54,9 +54,20 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
   readonly dropped = { invalid: 0, foreign: 0 };
   /** Valid payloads received, by topic name. */
   readonly received: Partial<Record<UpTopic, number>> = {};
+  /** Devices whose latest hello says they read `now` (decision 24): every `down/` payload to them carries it. */
+  private readonly clockDevices = new Set<string>();
 
-  constructor(protected readonly log: Logger) {
+  constructor(
+    protected readonly log: Logger,
+    private readonly now: () => number = Date.now,
+  ) {
     super();
+  }
+
+  /** The payload as it goes to a device: with the bridge's clock when the device reads it (docs/sync.md#clocks). */
+  protected stamped<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): Buffer {
+    if (!this.clockDevices.has(deviceId)) return encode(name, payload);
+    return encode(name, { ...payload, now: this.now() });
   }
 
   abstract get connected(): boolean;
@@ -85,6 +96,12 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
       return;
     }
     this.received[parsed.name] = (this.received[parsed.name] ?? 0) + 1;
+    if (parsed.name === 'up/hello') {
+      // An older agent refuses a payload with a field it does not know, so only those that say so get `now`.
+      const hello = decoded.value as Payloads['up/hello'];
+      if (hello.clock === true) this.clockDevices.add(parsed.deviceId);
+      else this.clockDevices.delete(parsed.deviceId);
+    }
     this.emit('message', { deviceId: parsed.deviceId, name: parsed.name, payload: decoded.value } as UpMessage);
   }
 }
@@ -161,7 +178,7 @@ export class DeviceLink extends LinkBase {
     // Connected is enough: a persistent session hands over what the broker kept as soon as it accepts the
     // connection, before the subscription is confirmed, and the acknowledgements of those messages must go out.
     if (!client?.connected) return false;
-    client.publish(topicFor(deviceId, name), encode(name, payload), { qos: 1 }, (err) => {
+    client.publish(topicFor(deviceId, name), this.stamped(deviceId, name, payload), { qos: 1 }, (err) => {
       if (err) this.opts.log.debug({ event: 'mqtt.publish_failed', topic: name, deviceId, err: err.message });
     });
     return true;
@@ -219,7 +236,7 @@ export class EmbeddedLink extends LinkBase {
     const packet = {
       cmd: 'publish' as const,
       topic: topicFor(deviceId, name),
-      payload: encode(name, payload),
+      payload: this.stamped(deviceId, name, payload),
       qos: 1 as const,
       retain: false,
       dup: false,

@@ -16,6 +16,7 @@ import {
   type VarItem,
   type VarsMessage,
   type VersionRecord,
+  CLOCK_TOLERANCE_MS,
   MAX_BATCH_ITEMS,
   ackFor,
   decodeValue,
@@ -71,6 +72,13 @@ export interface DeviceCounters {
 export class DeviceService {
   private send: SendDown = () => false;
   private readonly activityWritten = new Map<string, number>();
+  /**
+   * Per device whose latest hello says `clock`, its own clock minus the bridge's at that hello (`ts` is the gateway's
+   * uncorrected clock): what an unverified version is corrected by (decision 24, docs/sync.md#clocks). A device
+   * without an entry is not re-stamped unless it marks a version unverified: an older agent would not take the
+   * bridge's answer, and the two sides would differ.
+   */
+  private readonly skews = new Map<string, number>();
   readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
 
   constructor(private readonly opts: DeviceServiceOptions) {}
@@ -184,6 +192,8 @@ export class DeviceService {
       return;
     }
     const now = this.opts.now();
+    if (hello.clock === true) this.skews.set(deviceId, hello.ts - now);
+    else this.skews.delete(deviceId);
     const written = this.opts.store.write(() => {
       const devices = this.opts.store.devices;
       this.activity(deviceId, now);
@@ -213,6 +223,8 @@ export class DeviceService {
     // reads and publishes, and this hello is the only one the device sends on this connection. Made to wait on
     // that write, a full disk (docs/operations.md, "A full disk") left every change committed while the device
     // was away unsent until the device reconnected, however long it stayed connected after space was freed.
+    // The answer to the hello is the bridge's clock, so that an agent learns it even when nothing else is due.
+    if (hello.clock === true) this.send(deviceId, 'down/vars', { id: messageId(), items: [], now: this.opts.now() });
     this.catchUp(deviceId);
     this.opts.commands?.onHello(deviceId);
     await this.opts.firmware?.onHello(deviceId);
@@ -258,16 +270,36 @@ export class DeviceService {
   private async onVars(deviceId: string, msg: VarsMessage): Promise<void> {
     const now = this.opts.now();
     const repush: VarItem[] = [];
+    const skew = this.skews.get(deviceId);
+    let restamped = 0;
     const acks = await this.opts.store.write(() => {
       const devices = this.opts.store.devices;
       this.activity(deviceId, now);
       const out: AckItem[] = [];
       for (const item of msg.items) {
+        // A cloud version the device has not acknowledged yet, read only for a version far ahead (rule 2 of
+        // docs/sync.md#clocks): the device's change was made without knowing it.
+        const held = item.time > now + CLOCK_TOLERANCE_MS ? devices.getVar(deviceId, item.type, item.name) : undefined;
+        const unseen = held && held.origin === 'cloud' && held.acked < held.time ? held.time : undefined;
+        const time = item.unverified === true || skew !== undefined ? cloudTime(item, skew, now, unseen) : item.time;
         const r = devices.applyFromDevice(
           deviceId,
-          { type: item.type, name: item.name, value: decodeValue(item), time: item.time, origin: item.origin },
+          { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
           now,
         );
+        if ((time !== item.time || item.unverified === true) && item.type === 'd') {
+          // Re-stamped (an unverified version always is): the device holds a version the cloud does not keep.
+          // Whichever version won here goes to the device instead of an acknowledgement, and the agent takes it over
+          // its own (docs/sync.md#clocks); until the device acknowledges it, it is pending like any cloud change, and
+          // a repeat of the item gets it again.
+          restamped++;
+          if (r.outcome === 'applied') devices.unack(deviceId, item.type, item.name);
+          repush.push({
+            ...varItem(asVersion(devices.getVar(deviceId, item.type, item.name)!), 'push'),
+            replaces: item.time,
+          });
+          continue;
+        }
         // A device's sync says "this is what I hold": older than ours means it lost ours, which goes again.
         if (r.outcome === 'older' && item.kind === 'sync' && item.type === 'd') {
           devices.unack(deviceId, item.type, item.name);
@@ -277,6 +309,9 @@ export class DeviceService {
       }
       return out;
     });
+    if (restamped > 0) {
+      this.opts.log.info({ event: 'vars.restamped', deviceId, items: restamped, skewMs: skew ?? null });
+    }
     for (let i = 0; i < acks.length; i += MAX_BATCH_ITEMS) {
       this.send(deviceId, 'down/acks', { id: messageId(), acks: acks.slice(i, i + MAX_BATCH_ITEMS) });
     }
@@ -438,6 +473,21 @@ const RESERVED_META: ReadonlySet<string> = new Set(['state', 'lastactivity', 'un
  * would otherwise grow by one per variable and device at every report.
  */
 const UNRECORDED_META: ReadonlySet<string> = new Set(['uptime', 'pending', 'queue', 'rss']);
+
+/**
+ * The time the cloud orders a device's version by (decision 24, docs/sync.md#clocks). A version the agent stamped
+ * before it knew the cloud's clock (`unverified`) is moved by the device's skew at its latest hello, and never
+ * later than now. Any other device version more than CLOCK_TOLERANCE_MS ahead of the bridge's clock was made at an
+ * unknown time before now: it is taken as made now, unless the bridge holds a cloud version the device has not
+ * acknowledged (`unseen`, its time), which the device's change cannot have followed: then it takes that version's
+ * time, and the cloud's version wins the tie. Everything else keeps its time.
+ */
+export function cloudTime(item: VarItem, skew: number | undefined, now: number, unseen?: number): number {
+  if (item.origin !== 'device') return item.time;
+  if (item.unverified === true) return Math.max(0, Math.min(now, item.time - (skew ?? 0)));
+  if (item.time <= now + CLOCK_TOLERANCE_MS) return item.time;
+  return unseen === undefined ? now : Math.min(now, unseen);
+}
 
 /** A stored `d` record as the wire sees it. */
 function asVersion(rec: VarRecord): VersionRecord {

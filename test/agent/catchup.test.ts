@@ -5,6 +5,7 @@
 import { join } from 'node:path';
 import mqtt from 'mqtt';
 import { afterEach, describe, expect, it } from 'vitest';
+import { AGENT_MIGRATIONS } from '../../agent/migrations.js';
 import { VAR_MIGRATIONS, VarStore } from '../../agent/vars/store.js';
 import { openDatabase } from '../../lib/sqlite.js';
 import { MAX_PAYLOAD_BYTES, topicFor } from '../../protocol/index.js';
@@ -79,17 +80,20 @@ describe('store schema upgrades', () => {
   it('keeps variables and their stamps when a first-version database is upgraded', () => {
     const path = join(tempDir(), 'agent.db');
     const v1 = openDatabase(path, VAR_MIGRATIONS.slice(0, 1));
-    const old = new VarStore(v1, 100);
-    const kept = old.setLocal('d', 'kept', Buffer.from('yes'), 1000)!;
-    old.setLocal('d', 'acked', Buffer.from('a'), 1000);
-    old.markAcked({ kind: 'push', type: 'd', name: 'acked', time: 1000, origin: 'device' }, 2000);
+    // What the first version wrote: one pending change and one acknowledged one.
+    const insert = v1.prepare(
+      "INSERT INTO vars (type, name, value, time, origin, acked, synced, syncacked) VALUES ('d', ?, ?, 1000, 'device', ?, 0, 0)",
+    );
+    insert.run('kept', Buffer.from('yes'), 0);
+    insert.run('acked', Buffer.from('a'), 2000);
     expect(v1.pragma('user_version', { simple: true })).toBe(1);
     v1.close();
 
-    const v2 = openDatabase(path, VAR_MIGRATIONS);
-    expect(v2.pragma('user_version', { simple: true })).toBe(VAR_MIGRATIONS.length);
+    const v2 = openDatabase(path, AGENT_MIGRATIONS);
+    expect(v2.pragma('user_version', { simple: true })).toBe(AGENT_MIGRATIONS.length);
     const store = new VarStore(v2, 100);
-    expect(store.get('d', 'kept')).toMatchObject({ value: Buffer.from('yes'), time: kept.time, acked: 0 });
+    // Versions from before the cloud's clock was kept count as verified: they were stamped as they always were.
+    expect(store.get('d', 'kept')).toMatchObject({ value: Buffer.from('yes'), time: 1000, acked: 0, unverified: 0 });
     expect(store.get('d', 'acked')).toMatchObject({ acked: 2000 });
     expect(store.unacked().map((r) => r.name)).toEqual(['kept']);
     expect(store.pendingCounts()).toEqual({ pushes: 1, syncs: 0 });

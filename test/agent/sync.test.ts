@@ -218,7 +218,11 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
     ta = agent;
     const id = agent.agent.identity.deviceId;
     // After the hello the cloud's catch-up is done, so it sends nothing the test did not ask for.
-    await cloud.until(() => agent.agent.uplink.connected && cloud.device(id).hellos.length > 0, 'agent connected');
+    // Connected, and the cloud's clock known from its answer to the hello, so changes are stamped by it.
+    await cloud.until(
+      () => agent.agent.uplink.connected && cloud.device(id).hellos.length > 0 && agent.agent.clock.verified,
+      'agent connected',
+    );
     const c = await agent.client();
     const watcher = await agent.client();
     clients.push(c, watcher);

@@ -94,6 +94,8 @@ describe('status and queue on a seeded state directory', () => {
     expect(r.out).toMatch(new RegExp(`^  broker +mqtt://127\\.0\\.0\\.1:${broker.port}$`, 'm'));
     expect(r.out).toMatch(/^ {2}state +disconnected \(1 connects since start\)$/m);
     expect(r.out).toMatch(/^ {2}mode +master$/m);
+    // It learnt the cloud's clock from the cloud's messages before the cloud went away.
+    expect(r.out).toMatch(/^ {2}clock +the cloud's: \+0s from the gateway's own, learnt \d+s ago$/m);
     expect(r.out).toMatch(/^ {2}pending +1 changes to push, 0 syncs$/m);
     expect(r.out).toMatch(/^ {2}queue +0 queued, 0 running, 1 done, 1 failed, 0 expired$/m);
     expect(r.out).toMatch(/^ {2}since start +2 received, 0 duplicates, 1 ran, 1 failed, 0 expired$/m);

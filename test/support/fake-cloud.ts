@@ -135,8 +135,11 @@ export class FakeCloud {
     this.publish(deviceId, 'down/vars', { id: messageId(), items: [], resync: true });
   }
 
+  /** Like the bridge, puts its clock on what it sends to an agent whose hello says `clock`. */
   publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): void {
-    this.client.publish(topicFor(deviceId, name), encode(name, payload), { qos: 1 });
+    const clock = this.device(deviceId).hellos.at(-1)?.clock === true;
+    const body = clock ? { ...payload, now: Date.now() } : payload;
+    this.client.publish(topicFor(deviceId, name), encode(name, body), { qos: 1 });
   }
 
   /** Publishes bytes as they are, for malformed-payload tests. */
@@ -195,7 +198,12 @@ export class FakeCloud {
         return;
       case 'up/hello':
         dev.hellos.push(msg.payload);
-        if (this.catchUpOnHello) this.catchUp(id);
+        if (this.catchUpOnHello) {
+          // The bridge answers a hello with its clock.
+          if (msg.payload.clock === true)
+            this.publish(id, 'down/vars', { id: messageId(), items: [], now: Date.now() });
+          this.catchUp(id);
+        }
         return;
       case 'up/heard':
         dev.heard.push(...msg.payload.heard);
