@@ -62,8 +62,9 @@ describe('the agent log of an idle gateway', () => {
 
   it('stays silent at info through an hour connected with nothing to do', async () => {
     // Faked before the agent starts, so that every timer it sets (sync retries, command pruning, status reports,
-    // the MQTT keepalive) runs on the fake clock. Production defaults otherwise.
-    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date'] });
+    // the MQTT keepalive) runs on the fake clock, and the monotonic clock the agent measures intervals and the
+    // cloud's time with (process.hrtime) moves with it. Production defaults otherwise.
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date', 'hrtime'] });
     agent = await startAgent({ mqttUrl: broker.url, level: 'debug' });
     const a = agent.agent;
     const id = a.identity.deviceId;
@@ -73,6 +74,8 @@ describe('the agent log of an idle gateway', () => {
       const p = a.vars.pending();
       return p.pushes + p.syncs === 0;
     }, 'the first sync acknowledged');
+    // The cloud's clock learnt from the answer to the hello (logged once, at info, as it should be).
+    await waitFor(() => a.status().clock.source === 'cloud', "the cloud's clock learnt");
     const before = agent.sink.lines.length;
     expect(vi.getTimerCount(), 'the agent has timers on the fake clock').toBeGreaterThan(0);
 
