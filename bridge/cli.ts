@@ -438,6 +438,7 @@ export async function startBridge(
       await app.close();
       await managed?.close();
       await link.close();
+      devices.close();
       await broker?.close();
       await mailer.close();
       store.close();

@@ -92,8 +92,18 @@ export const BridgeConfigSchema = z
           .default(64 * 1024),
         /** `meta` `lastactivity` is written at most this often per device, ms. */
         lastActivityMs: z.number().int().min(0).max(3_600_000).default(5000),
+        /**
+         * A connected device that has not acknowledged a change gets it again after this long, ms; the wait
+         * doubles after each resend up to `resendMaxMs`, and starts again after an acknowledgement or a hello.
+         */
+        resendFirstMs: z.number().int().min(10).max(3_600_000).default(5000),
+        resendMaxMs: z.number().int().min(10).max(86_400_000).default(300_000),
       })
       .strict()
+      .refine((d) => d.resendFirstMs <= d.resendMaxMs, {
+        message: 'resendFirstMs must not exceed resendMaxMs',
+        path: ['resendFirstMs'],
+      })
       .prefault({}),
     commands: z
       .object({

@@ -26,6 +26,7 @@ import type { CommandService } from '../commands/service.js';
 import type { BridgeStore } from '../store/types.js';
 import { userOfAuthcode } from '../users/routes.js';
 import type { UpMessage } from './link.js';
+import { ResendSchedule } from './resend.js';
 import type { VarRecord } from './store.js';
 
 /** How the service reaches devices: `false` when the message could not be handed to the broker. */
@@ -43,6 +44,8 @@ export interface DeviceServiceOptions {
   commands?: CommandService;
   /** Firmware: an open job is sent again on hello (firmware/resend.ts). */
   firmware?: { onHello(deviceId: string): Promise<void> };
+  /** The resend of what a connected device has not acknowledged: first and longest wait, ms (resend.ts). */
+  resend?: { firstMs: number; maxMs: number };
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
@@ -72,8 +75,24 @@ export class DeviceService {
   private send: SendDown = () => false;
   private readonly activityWritten = new Map<string, number>();
   readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
+  /** When each connected device with something unacknowledged gets it again (docs/sync.md). */
+  readonly resend: ResendSchedule;
 
-  constructor(private readonly opts: DeviceServiceOptions) {}
+  constructor(private readonly opts: DeviceServiceOptions) {
+    this.resend = new ResendSchedule({
+      now: opts.now,
+      firstMs: opts.resend?.firstMs ?? 5000,
+      maxMs: opts.resend?.maxMs ?? 300_000,
+      connected: (deviceId) => opts.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString() === 'connected',
+      resend: (deviceId) => this.resendPending(deviceId),
+      log: opts.log,
+    });
+  }
+
+  /** Stops the resend timer (at shutdown). */
+  close(): void {
+    this.resend.stop();
+  }
 
   get store(): BridgeStore {
     return this.opts.store;
@@ -173,6 +192,8 @@ export class DeviceService {
       },
       { durable: false },
     );
+    // A device that is gone gets what it has not acknowledged at its next hello.
+    if (state !== 'online') this.resend.forget(deviceId);
     this.opts.log.info({ event: 'device.state', deviceId, state: META_STATE[state] });
   }
 
@@ -205,6 +226,7 @@ export class DeviceService {
     }
     log.info({ event: 'device.hello', deviceId, platform: hello.platform, mode: hello.mode });
     this.catchUp(deviceId);
+    this.resend.reset(deviceId);
     this.opts.commands?.onHello(deviceId);
     await this.opts.firmware?.onHello(deviceId);
   }
@@ -230,17 +252,34 @@ export class DeviceService {
     for (;;) {
       const page = devices.pending(deviceId, after, PAGE);
       if (page.length === 0) break;
-      const items: VarItem[] = [];
-      for (const rec of page) {
-        if (rec.acked < rec.time) items.push(varItem(asVersion(rec), 'push'));
-        if (rec.syncacked < rec.synced) items.push(varItem(asVersion(rec), 'sync'));
-      }
+      const items = pendingItems(page);
       if (!this.sendVars(deviceId, items)) return sent;
       sent += items.length;
       after = page[page.length - 1]!.name;
       if (page.length < PAGE) break;
     }
     if (sent > 0) this.opts.log.info({ event: 'vars.catch_up', deviceId, items: sent });
+    return sent;
+  }
+
+  /**
+   * The resend schedule's turn for a connected device: what the catch-up would send, a page at a time, yielding
+   * between pages so that requests keep being served. `undefined` when the link could not take it.
+   */
+  private async resendPending(deviceId: string): Promise<number | undefined> {
+    const devices = this.opts.store.devices;
+    let after = '';
+    let sent = 0;
+    for (;;) {
+      const page = devices.pending(deviceId, after, PAGE);
+      if (page.length === 0) break;
+      const items = pendingItems(page);
+      if (!this.sendVars(deviceId, items)) return undefined;
+      sent += items.length;
+      if (page.length < PAGE) break;
+      after = page[page.length - 1]!.name;
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
     return sent;
   }
 
@@ -286,6 +325,8 @@ export class DeviceService {
       },
       { durable: false },
     );
+    // The device is taking what it is sent: what is left goes again soon.
+    this.resend.reset(deviceId);
   }
 
   private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
@@ -370,10 +411,12 @@ export class DeviceService {
     return true;
   }
 
+  /** Sends pushes and syncs; each waits for the device's acknowledgement, and is sent again until it comes. */
   private sendVars(deviceId: string, items: VarItem[]): boolean {
     for (let i = 0; i < items.length; i += PAGE) {
       if (!this.send(deviceId, 'down/vars', { id: messageId(), items: items.slice(i, i + PAGE) })) return false;
     }
+    if (items.length > 0) this.resend.sent(deviceId);
     return true;
   }
 
@@ -427,6 +470,16 @@ const RESERVED_META: ReadonlySet<string> = new Set(['state', 'lastactivity', 'un
  * would otherwise grow by one per variable and device at every report.
  */
 const UNRECORDED_META: ReadonlySet<string> = new Set(['uptime', 'pending', 'queue', 'rss']);
+
+/** What a page of unacknowledged records sends: the version of each pending push, and each pending sync. */
+function pendingItems(page: readonly VarRecord[]): VarItem[] {
+  const items: VarItem[] = [];
+  for (const rec of page) {
+    if (rec.acked < rec.time) items.push(varItem(asVersion(rec), 'push'));
+    if (rec.syncacked < rec.synced) items.push(varItem(asVersion(rec), 'sync'));
+  }
+  return items;
+}
 
 /** A stored `d` record as the wire sees it. */
 function asVersion(rec: VarRecord): VersionRecord {
