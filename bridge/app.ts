@@ -130,6 +130,7 @@ export function createDeviceService(
     nearbyWindowMs: config.devices.nearbyWindowMs,
     lastActivityMs: config.devices.lastActivityMs,
     resend: { firstMs: config.devices.resendFirstMs, maxMs: config.devices.resendMaxMs },
+    retention: { maxAgeDays: config.devices.historyDays, maxPerVariable: config.devices.historyPerVariable },
     commands,
     firmware: {
       onHello: (deviceId: string): Promise<void> =>
@@ -201,10 +202,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   const devices = deps.devices ?? createDeviceService(config, deps.store, log, now, commands);
   // A service made here stops with the app; one passed in belongs to its maker.
   if (!deps.devices) {
-    app.addHook('onClose', (_instance, done) => {
-      devices.close();
-      done();
-    });
+    app.addHook('onClose', () => devices.close());
   }
   const ctx: RouteContext = {
     ...deps,

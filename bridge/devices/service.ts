@@ -27,6 +27,7 @@ import type { BridgeStore } from '../store/types.js';
 import { userOfAuthcode } from '../users/routes.js';
 import type { UpMessage } from './link.js';
 import { ResendSchedule } from './resend.js';
+import { HistoryRetention } from './retention.js';
 import type { VarRecord } from './store.js';
 
 /** How the service reaches devices: `false` when the message could not be handed to the broker. */
@@ -46,6 +47,8 @@ export interface DeviceServiceOptions {
   firmware?: { onHello(deviceId: string): Promise<void> };
   /** The resend of what a connected device has not acknowledged: first and longest wait, ms (resend.ts). */
   resend?: { firstMs: number; maxMs: number };
+  /** History retention: the age in days and the entries per variable kept, 0 for no limit (retention.ts). */
+  retention?: { maxAgeDays: number; maxPerVariable: number };
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
@@ -77,6 +80,8 @@ export class DeviceService {
   readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
   /** When each connected device with something unacknowledged gets it again (docs/sync.md). */
   readonly resend: ResendSchedule;
+  /** Removes history past its age or count limit, in the background (`retention.start()`). */
+  readonly retention: HistoryRetention;
 
   constructor(private readonly opts: DeviceServiceOptions) {
     this.resend = new ResendSchedule({
@@ -87,11 +92,19 @@ export class DeviceService {
       resend: (deviceId) => this.resendPending(deviceId),
       log: opts.log,
     });
+    this.retention = new HistoryRetention({
+      store: opts.store,
+      now: opts.now,
+      log: opts.log,
+      maxAgeDays: opts.retention?.maxAgeDays ?? 0,
+      maxPerVariable: opts.retention?.maxPerVariable ?? 0,
+    });
   }
 
-  /** Stops the resend timer (at shutdown). */
-  close(): void {
+  /** Stops the resend timer and the retention (at shutdown). */
+  async close(): Promise<void> {
     this.resend.stop();
+    await this.retention.stop();
   }
 
   get store(): BridgeStore {
@@ -422,27 +435,13 @@ export class DeviceService {
 
   // ---- upkeep ----
 
-  /**
-   * Hourly: history older than `historyDays` (0 keeps it), and nearby entries past the window. The history
-   * goes in batches, each its own transaction, so that requests keep being served while a large backlog goes.
-   */
-  async prune(historyDays: number): Promise<{ history: number; nearby: number }> {
-    const now = this.opts.now();
+  /** Hourly: nearby entries past the window. History has its own retention (`retention`). */
+  async prune(): Promise<{ nearby: number }> {
     const { store } = this.opts;
-    const BATCH = 5000;
-    let history = 0;
-    if (historyDays > 0) {
-      const before = now - historyDays * 86_400_000;
-      for (;;) {
-        const n = await store.write(() => store.devices.pruneHistory(before, BATCH), { durable: false });
-        history += n;
-        if (n < BATCH) break;
-      }
-    }
-    const nearby = await store.write(() => store.devices.pruneNearby(now - this.opts.nearbyWindowMs), {
+    const nearby = await store.write(() => store.devices.pruneNearby(this.opts.now() - this.opts.nearbyWindowMs), {
       durable: false,
     });
-    return { history, nearby };
+    return { nearby };
   }
 }
 

@@ -1,4 +1,5 @@
 /** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { type Db, GroupCommitter, type Migration, openDatabase } from '../../lib/sqlite.js';
 import type { DeviceCredentials } from '../broker.js';
@@ -161,8 +162,11 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly sessions = new Map<string, { session: Session; user: User | undefined }>();
   private readonly sessionsOfUser = new Map<number, Set<string>>();
 
+  private readonly path: string;
+
   constructor(dataDir: string) {
-    this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
+    this.path = join(dataDir, 'bridge.db');
+    this.db = openDatabase(this.path, BRIDGE_MIGRATIONS);
     this.commit = new GroupCommitter(this.db);
     const db = this.db;
     this.devices = new DeviceStore(db);
@@ -204,11 +208,27 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
         'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
       ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
+      pageCount: db.prepare<[], number>('PRAGMA page_count').pluck(),
+      pageSize: db.prepare<[], number>('PRAGMA page_size').pluck(),
+      freePages: db.prepare<[], number>('PRAGMA freelist_count').pluck(),
     };
   }
 
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T> {
     return this.commit.run(work, options);
+  }
+
+  databaseSize(): { bytes: number; freeBytes: number } {
+    const pages = this.s.pageCount.get() ?? 0;
+    const free = this.s.freePages.get() ?? 0;
+    const pageSize = this.s.pageSize.get() ?? 0;
+    let wal = 0;
+    try {
+      wal = statSync(`${this.path}-wal`).size;
+    } catch {
+      // No log yet, or checkpointed away.
+    }
+    return { bytes: pages * pageSize + wal, freeBytes: free * pageSize };
   }
 
   createFrontend(f: Frontend): void {

@@ -96,6 +96,12 @@ export interface BridgeStore {
   /** Runs writes in a transaction that is on disk when the promise resolves. */
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;
 
+  /**
+   * The database's size on disk, bytes: its pages and its write-ahead log; and of that, the pages free for reuse
+   * (removed rows leave free pages, which new rows fill before the file grows again). For metrics.
+   */
+  databaseSize(): { bytes: number; freeBytes: number };
+
   createFrontend(f: Frontend): void;
   frontend(id: string): Frontend | undefined;
   defaultFrontend(): Frontend | undefined;

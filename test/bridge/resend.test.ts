@@ -51,8 +51,8 @@ describe('the resend of unacknowledged changes to connected devices', () => {
     });
   });
 
-  afterEach(() => {
-    service.close();
+  afterEach(async () => {
+    await service.close();
     store.close();
     rmSync(dir, { recursive: true, force: true });
     vi.useRealTimers();
