@@ -4,8 +4,9 @@
  * A cloud version or sync goes to the device once when it is made, and again on every hello. A device that stays
  * connected but does not acknowledge (its disk was full, or a message was lost on the way) would otherwise wait
  * for its next reconnect. So every device with something sent and not yet acknowledged has a due time in memory:
- * when it comes, what the device has not acknowledged is sent again, and the wait doubles, from `firstMs` up to
- * `maxMs`. An acknowledgement or a hello brings the wait back to `firstMs`; a device that disconnects, or has
+ * when it comes, what the device has not acknowledged and was sent at least `firstMs` ago is sent again, and
+ * the wait doubles, from `firstMs` up to `maxMs`. (A busy device always has a few changes on their way; those are
+ * not sent twice, and make no log line.) An acknowledgement or a hello brings the wait back to `firstMs`; a device that disconnects, or has
  * nothing left to acknowledge at its due time, leaves the schedule.
  *
  * Only devices with a due time are looked at, in due order (a heap), so a large fleet costs nothing per tick.
@@ -23,10 +24,11 @@ export interface ResendOptions {
   /** Whether the device is connected now (its `meta` `state`). */
   connected: (deviceId: string) => boolean;
   /**
-   * Sends again what the device has not acknowledged. Resolves to how many items were sent, or `undefined` when
-   * the link could not take them (the catch-up at the next link-up or hello sends them).
+   * Sends again what the device has not acknowledged and was sent at least `firstMs` ago. Resolves to how many
+   * items were sent and how many were left for being younger, or `undefined` when the link could not take them
+   * (the catch-up at the next link-up or hello sends them).
    */
-  resend: (deviceId: string) => Promise<number | undefined>;
+  resend: (deviceId: string) => Promise<{ sent: number; young: number } | undefined>;
   log: Logger;
 }
 
@@ -146,28 +148,28 @@ export class ResendSchedule {
       this.entries.delete(deviceId);
       return;
     }
-    let sent: number | undefined;
+    let r: { sent: number; young: number } | undefined;
     try {
-      sent = await this.o.resend(deviceId);
+      r = await this.o.resend(deviceId);
     } catch (err) {
-      // A database error: tried again after the next wait.
+      // A database error: tried again after the same wait.
       this.o.log.warn({ event: 'vars.resend_failed', deviceId, err: String(err) });
-      sent = 0;
+      r = { sent: 0, young: 1 };
     }
     // A reset, a forget or a stop while the resend ran decides instead.
     if (this.stopped || this.entries.get(deviceId) !== e) return;
-    if (sent === undefined) {
+    if (r === undefined || r.sent + r.young === 0) {
       this.entries.delete(deviceId);
       return;
     }
-    if (sent === 0) {
-      this.entries.delete(deviceId);
-      return;
+    let waitMs = e.waitMs;
+    if (r.sent > 0) {
+      this.resent += r.sent;
+      this.o.log.info({ event: 'vars.resend', deviceId, items: r.sent, waitedMs: e.waitMs });
+      waitMs = Math.min(e.waitMs * 2, this.o.maxMs);
     }
-    this.resent += sent;
-    this.o.log.info({ event: 'vars.resend', deviceId, items: sent, waitedMs: e.waitMs });
-    const waitMs = Math.min(e.waitMs * 2, this.o.maxMs);
-    const due = this.o.now() + waitMs;
+    // Only items sent within the last `firstMs`, still on their way (a busy device): they get their turn later.
+    const due = this.o.now() + (r.sent > 0 ? waitMs : this.o.firstMs);
     this.entries.set(deviceId, { due, waitMs });
     this.push({ due, deviceId });
   }

@@ -84,12 +84,13 @@ export class DeviceService {
   readonly retention: HistoryRetention;
 
   constructor(private readonly opts: DeviceServiceOptions) {
+    const firstMs = opts.resend?.firstMs ?? 5000;
     this.resend = new ResendSchedule({
       now: opts.now,
-      firstMs: opts.resend?.firstMs ?? 5000,
+      firstMs,
       maxMs: opts.resend?.maxMs ?? 300_000,
       connected: (deviceId) => opts.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString() === 'connected',
-      resend: (deviceId) => this.resendPending(deviceId),
+      resend: (deviceId) => this.resendPending(deviceId, firstMs),
       log: opts.log,
     });
     this.retention = new HistoryRetention({
@@ -276,24 +277,37 @@ export class DeviceService {
   }
 
   /**
-   * The resend schedule's turn for a connected device: what the catch-up would send, a page at a time, yielding
-   * between pages so that requests keep being served. `undefined` when the link could not take it.
+   * The resend schedule's turn for a connected device: what the catch-up would send, but for what went out within
+   * the last `minAgeMs` (by its `time` or `synced` stamp, the bridge's clock), a page at a time, yielding between
+   * pages so that requests keep being served. `undefined` when the link could not take it.
    */
-  private async resendPending(deviceId: string): Promise<number | undefined> {
+  private async resendPending(
+    deviceId: string,
+    minAgeMs: number,
+  ): Promise<{ sent: number; young: number } | undefined> {
     const devices = this.opts.store.devices;
+    const now = this.opts.now();
+    // A stamp in this window was set moments ago; one far ahead of the bridge's clock does not say so.
+    const young = (stamp: number) => stamp > now - minAgeMs && stamp <= now + minAgeMs;
     let after = '';
-    let sent = 0;
+    const r = { sent: 0, young: 0 };
     for (;;) {
       const page = devices.pending(deviceId, after, PAGE);
       if (page.length === 0) break;
-      const items = pendingItems(page);
-      if (!this.sendVars(deviceId, items)) return undefined;
-      sent += items.length;
+      const items: VarItem[] = [];
+      for (const rec of page) {
+        for (const item of pendingItems([rec])) {
+          if (young(item.kind === 'push' ? rec.time : rec.synced)) r.young++;
+          else items.push(item);
+        }
+      }
+      if (items.length > 0 && !this.sendVars(deviceId, items)) return undefined;
+      r.sent += items.length;
       if (page.length < PAGE) break;
       after = page[page.length - 1]!.name;
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
-    return sent;
+    return r;
   }
 
   private async onVars(deviceId: string, msg: VarsMessage): Promise<void> {

@@ -134,6 +134,29 @@ describe('the resend of unacknowledged changes to connected devices', () => {
     expect(service.resend.size).toBe(0);
   });
 
+  it('does not send twice what a busy device is still acknowledging', async () => {
+    const D = await connect();
+    // A change a second, each acknowledged 1.5 s later: at any moment one is on its way.
+    const sentItems: VarItem[] = [];
+    for (let k = 0; k < 60; k++) {
+      await service.setVar(D, 'd', 'level', Buffer.from(String(k)));
+      sentItems.push(sentTo(D).at(-1)!.items[0]!);
+      await vi.advanceTimersByTimeAsync(500);
+      if (k > 0) await ack(D, [sentItems[k - 1]!]);
+      await vi.advanceTimersByTimeAsync(500);
+    }
+    expect(sentTo(D)).toHaveLength(60);
+    expect(sink.events('vars.resend')).toEqual([]);
+    // The last one is never acknowledged: it goes again 5 s after it was sent, and only then.
+    await vi.advanceTimersByTimeAsync(5000);
+    expect(sentTo(D)).toHaveLength(61);
+    expect(
+      sentTo(D)
+        .at(-1)!
+        .items.map((i) => i.value),
+    ).toEqual(['59']);
+  });
+
   it('resends syncs too, and a hello starts the wait again at 5 s', async () => {
     const D = await connect();
     await service.setVar(D, 'd', 'mode', Buffer.from('x'));
