@@ -3,8 +3,9 @@
  * its newest `maxPerVariable`, are removed in the background.
  *
  * A pass runs at start and then every `everyMs`. It works in batches of at most `batchRows` removed rows, each its
- * own transaction, and yields to the event loop between batches, so that requests keep being served while a large
- * backlog goes. The age limit walks the `history_time` index from the oldest entry. The count limit looks only at
+ * own transaction, and after each batch that leaves more to do it pauses `pauseFactor` times as long as the batch
+ * took (at least a turn of the event loop): a request waits at most one batch, and the retention takes at most
+ * `1 / (1 + pauseFactor)` of the process's time however large the backlog. The age limit walks the `history_time` index from the oldest entry. The count limit looks only at
  * the variables whose history grew since the last pass (the device store keeps that set in memory); the first pass
  * after start, and a pass after more variables grew than that set holds, look at every variable instead.
  */
@@ -24,6 +25,8 @@ export interface RetentionOptions {
   batchRows?: number;
   /** Variables looked at per batch, at most. */
   batchVariables?: number;
+  /** The pause after a batch, as a multiple of the time the batch took. */
+  pauseFactor?: number;
   /** Time between two passes, ms. */
   everyMs?: number;
 }
@@ -47,12 +50,21 @@ export class HistoryRetention {
   readonly removed = { age: 0, count: 0 };
   readonly batchRows: number;
   readonly batchVariables: number;
+  readonly pauseFactor: number;
   readonly everyMs: number;
 
   constructor(private readonly o: RetentionOptions) {
-    this.batchRows = o.batchRows ?? 2000;
+    this.batchRows = o.batchRows ?? 1000;
     this.batchVariables = o.batchVariables ?? 100;
+    this.pauseFactor = o.pauseFactor ?? 3;
     this.everyMs = o.everyMs ?? 300_000;
+  }
+
+  /** Between two batches: a turn of the event loop, and a pause in proportion to what the batch took. */
+  private async rest(batchStart: number): Promise<void> {
+    await nextTurn();
+    const ms = (performance.now() - batchStart) * this.pauseFactor;
+    if (ms >= 1) await new Promise((resolve) => setTimeout(resolve, ms));
   }
 
   /** Whether any limit is set. */
@@ -103,12 +115,13 @@ export class HistoryRetention {
       const before = this.o.now() - this.o.maxAgeDays * DAY_MS;
       for (;;) {
         if (this.stopped) break;
+        const t = performance.now();
         const n = await store.write(() => store.devices.pruneHistory(before, this.batchRows), { durable: false });
         r.byAge += n;
         this.removed.age += n;
         r.batches++;
         if (n < this.batchRows) break;
-        await nextTurn();
+        await this.rest(t);
       }
     }
     if (this.o.maxPerVariable > 0) await this.pruneByCount(r);
@@ -139,6 +152,7 @@ export class HistoryRetention {
       }
       if (at === queue.length) return;
       const batch = queue.slice(at, at + this.batchVariables);
+      const t = performance.now();
       const { removed, done } = await store.write(
         () => {
           let left = this.batchRows;
@@ -157,7 +171,7 @@ export class HistoryRetention {
       r.byCount += removed;
       this.removed.count += removed;
       r.batches++;
-      await nextTurn();
+      if (at < queue.length || walking) await this.rest(t);
     }
   }
 }
