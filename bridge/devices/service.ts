@@ -4,7 +4,8 @@
  *
  * The rules are the agent's, seen from the cloud (docs/sync.md): a version is applied when it is newer; every
  * item is acknowledged after its commit, a duplicate again; a cloud version stays pending (`acked < time`) until
- * the device acknowledges it, and is pushed again on every hello until then; a sync has its own stamps.
+ * the device acknowledges it, and is pushed again on every hello until then, and while the device stays connected
+ * on the resend schedule (resend.ts, docs/protocol.md); a sync has its own stamps.
  */
 import type { Logger } from '../../lib/log.js';
 import {
