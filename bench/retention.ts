@@ -120,7 +120,7 @@ interface Seeded {
 
 /**
  * The user, the probed device and the devices with history, through the bridge's store; the history rows in
- * bulk through a prepared statement on a second connection, one transaction per variable.
+ * bulk through a prepared statement on a second connection, in time order.
  */
 async function seed(dataDir: string, opts: Options): Promise<Seeded> {
   const t0 = performance.now();
@@ -174,20 +174,21 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
     const insert = db.prepare(
       'INSERT INTO history (device_id, type, name, value, by, timestamp) VALUES (?, ?, ?, ?, ?, ?)',
     );
-    for (const id of fleet) {
-      for (let k = 0; k < opts.vars; k++) {
-        let old = 0;
-        db.transaction(() => {
-          for (let e = 0; e < opts.entries; e++) {
-            const t = Math.round(now - opts.spanDays * DAY + e * step);
-            if (t < cutoff) old++;
-            insert.run(id, 'd', `h${k}`, Buffer.from(`{"target":${20 + (e % 50) / 10},"seq":${e}}`), 'device', t);
-          }
-        })();
-        expectAge += old;
-        expectCount += Math.max(0, opts.entries - old - KEEP_PER_VARIABLE);
-      }
+    // In time order across all variables, as a running bridge appends them: ids grow with timestamps.
+    let old = 0;
+    for (let e0 = 0; e0 < opts.entries; e0 += 100) {
+      db.transaction(() => {
+        for (let e = e0; e < Math.min(opts.entries, e0 + 100); e++) {
+          const t = Math.round(now - opts.spanDays * DAY + e * step);
+          if (t < cutoff) old++;
+          const value = Buffer.from(`{"target":${20 + (e % 50) / 10},"seq":${e}}`);
+          for (const id of fleet) for (let k = 0; k < opts.vars; k++) insert.run(id, 'd', `h${k}`, value, 'device', t);
+        }
+      })();
     }
+    const variables = opts.devices * opts.vars;
+    expectAge = old * variables;
+    expectCount = Math.max(0, opts.entries - old - KEEP_PER_VARIABLE) * variables;
     db.pragma('wal_checkpoint(TRUNCATE)');
   } finally {
     db.close();

@@ -54,7 +54,7 @@ export class HistoryRetention {
   readonly everyMs: number;
 
   constructor(private readonly o: RetentionOptions) {
-    this.batchRows = o.batchRows ?? 1000;
+    this.batchRows = o.batchRows ?? 500;
     this.batchVariables = o.batchVariables ?? 100;
     this.pauseFactor = o.pauseFactor ?? 3;
     this.everyMs = o.everyMs ?? 300_000;
