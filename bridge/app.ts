@@ -135,6 +135,8 @@ export function createDeviceService(
     now,
     nearbyWindowMs: config.devices.nearbyWindowMs,
     lastActivityMs: config.devices.lastActivityMs,
+    resend: { firstMs: config.devices.resendFirstMs, maxMs: config.devices.resendMaxMs },
+    retention: { maxAgeDays: config.devices.historyDays, maxPerVariable: config.devices.historyPerVariable },
     commands,
     firmware: {
       onHello: (deviceId: string): Promise<void> =>
@@ -213,6 +215,10 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   const commands =
     deps.commands ?? new CommandService({ store: deps.store, log, now, maxOpen: config.commands.maxOpen });
   const devices = deps.devices ?? createDeviceService(config, deps.store, log, now, commands);
+  // A service made here stops with the app; one passed in belongs to its maker.
+  if (!deps.devices) {
+    app.addHook('onClose', () => devices.close());
+  }
   const ctx: RouteContext = {
     ...deps,
     now,

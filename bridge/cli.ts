@@ -411,8 +411,8 @@ export async function startBridge(
       .then((n) => n > 0 && log.info({ event: 'sessions.pruned', count: n }))
       .catch((err: unknown) => log.warn({ event: 'sessions.prune_failed', err: String(err) }));
     devices
-      .prune(config.devices.historyDays)
-      .then((n) => (n.history > 0 || n.nearby > 0) && log.info({ event: 'devices.pruned', ...n }))
+      .prune()
+      .then((n) => n.nearby > 0 && log.info({ event: 'devices.pruned', ...n }))
       .catch((err: unknown) => log.warn({ event: 'devices.prune_failed', err: String(err) }));
     commands
       .prune(config.commands.keepDays)
@@ -421,6 +421,8 @@ export async function startBridge(
   };
   prune();
   const pruneTimer = setInterval(prune, 3_600_000);
+  // History past its age or count limit goes in the background, in small batches (docs/api.md, "History").
+  devices.retention.start();
   pruneTimer.unref();
   // Commands a device never received expire on the bridge once their lifetime ends.
   const sweepTimer = setInterval(() => {
@@ -447,6 +449,7 @@ export async function startBridge(
       await app.close();
       await managed?.close();
       await link.close();
+      await devices.close();
       await broker?.close();
       await mailer.close();
       store.close();

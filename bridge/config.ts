@@ -106,8 +106,10 @@ export const BridgeConfigSchema = z
       .object({
         /** Decision 18: a device is nearby a user that long after it heard one of the user's authcodes. */
         nearbyWindowMs: z.number().int().min(1000).max(86_400_000).default(300_000),
-        /** History entries older than this many days are removed (hourly); 0 keeps them for good. */
-        historyDays: z.number().min(0).max(36500).default(90),
+        /** History entries older than this many days are removed (in the background); 0 keeps them for good. */
+        historyDays: z.number().min(0).max(36500).default(30),
+        /** Each variable keeps at most this many history entries, the newest (in the background); 0: no limit. */
+        historyPerVariable: z.number().int().min(0).max(100_000_000).default(1000),
         /** Decision 12: the largest variable value, bytes. */
         maxValueBytes: z
           .number()
@@ -117,8 +119,18 @@ export const BridgeConfigSchema = z
           .default(64 * 1024),
         /** `meta` `lastactivity` is written at most this often per device, ms. */
         lastActivityMs: z.number().int().min(0).max(3_600_000).default(5000),
+        /**
+         * A connected device that has not acknowledged a change gets it again after this long, ms; the wait
+         * doubles after each resend up to `resendMaxMs`, and starts again after an acknowledgement or a hello.
+         */
+        resendFirstMs: z.number().int().min(10).max(3_600_000).default(5000),
+        resendMaxMs: z.number().int().min(10).max(86_400_000).default(300_000),
       })
       .strict()
+      .refine((d) => d.resendFirstMs <= d.resendMaxMs, {
+        message: 'resendFirstMs must not exceed resendMaxMs',
+        path: ['resendFirstMs'],
+      })
       .prefault({}),
     commands: z
       .object({

@@ -154,6 +154,42 @@ export function createRegistry(deps: MetricsDeps): {
     },
   });
   new Gauge({
+    name: 'devcloud_bridge_database_bytes',
+    help: 'Size of the bridge database on disk: its pages and its write-ahead log.',
+    registers,
+    collect() {
+      safely(() => this.set(store.databaseSize().bytes));
+    },
+  });
+  new Gauge({
+    name: 'devcloud_bridge_database_free_bytes',
+    help: 'Of the database, pages free for reuse (left by removed rows): filled before the file grows again.',
+    registers,
+    collect() {
+      safely(() => this.set(store.databaseSize().freeBytes));
+    },
+  });
+  new Counter({
+    name: 'devcloud_history_pruned_total',
+    help: 'History entries removed by the retention since start, by limit: age (devices.historyDays) or count (devices.historyPerVariable).',
+    labelNames: ['limit'] as const,
+    registers,
+    collect() {
+      this.reset();
+      this.inc({ limit: 'age' }, devices.retention.removed.age);
+      this.inc({ limit: 'count' }, devices.retention.removed.count);
+    },
+  });
+  new Counter({
+    name: 'devcloud_vars_resent_total',
+    help: 'Changes sent again to connected devices that had not acknowledged them.',
+    registers,
+    collect() {
+      this.reset();
+      this.inc(devices.resend.resent);
+    },
+  });
+  new Gauge({
     name: 'devcloud_firmware_jobs_open',
     help: 'Firmware update jobs not yet ended.',
     registers,

@@ -621,7 +621,8 @@ function deviceRoutes(config: BridgeConfig): Route[] {
         `(absent, 0 or more than ${HISTORY_MAX}: ${HISTORY_MAX}), only those with an id below \`from\` when ` +
         'given. Each entry is `{key, value | value64 | deleted: true, by, type, timestamp, id}`; `by` is ' +
         '`device`, `user` or `server`. A variable with no history answers `[]`. History older than ' +
-        `\`devices.historyDays\` (${d.historyDays}) days is removed. ${who} \`Cache-Control: no-store\`.`,
+        `\`devices.historyDays\` (${d.historyDays}) days, and past the newest \`devices.historyPerVariable\` ` +
+        `(${d.historyPerVariable}) entries of the variable, is removed. ${who} \`Cache-Control: no-store\`.`,
       session: 'required',
       query: HistoryQuery,
       responses: {

@@ -4,7 +4,8 @@
  *
  * The rules are the agent's, seen from the cloud (docs/sync.md): a version is applied when it is newer; every
  * item is acknowledged after its commit, a duplicate again; a cloud version stays pending (`acked < time`) until
- * the device acknowledges it, and is pushed again on every hello until then; a sync has its own stamps.
+ * the device acknowledges it, and is pushed again on every hello until then, and while the device stays connected
+ * on the resend schedule (resend.ts, docs/protocol.md); a sync has its own stamps.
  */
 import type { Logger } from '../../lib/log.js';
 import {
@@ -27,6 +28,8 @@ import type { CommandService } from '../commands/service.js';
 import type { BridgeStore } from '../store/types.js';
 import { userOfAuthcode } from '../users/routes.js';
 import type { UpMessage } from './link.js';
+import { ResendSchedule } from './resend.js';
+import { HistoryRetention } from './retention.js';
 import type { VarRecord } from './store.js';
 
 /** How the service reaches devices: `false` when the message could not be handed to the broker. */
@@ -44,6 +47,10 @@ export interface DeviceServiceOptions {
   commands?: CommandService;
   /** Firmware: an open job is sent again on hello (firmware/resend.ts). */
   firmware?: { onHello(deviceId: string): Promise<void> };
+  /** The resend of what a connected device has not acknowledged: first and longest wait, ms (resend.ts). */
+  resend?: { firstMs: number; maxMs: number };
+  /** History retention: the age in days and the entries per variable kept, 0 for no limit (retention.ts). */
+  retention?: { maxAgeDays: number; maxPerVariable: number };
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
@@ -80,8 +87,35 @@ export class DeviceService {
    */
   private readonly skews = new Map<string, number>();
   readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
+  /** When each connected device with something unacknowledged gets it again (docs/sync.md). */
+  readonly resend: ResendSchedule;
+  /** Removes history past its age or count limit, in the background (`retention.start()`). */
+  readonly retention: HistoryRetention;
 
-  constructor(private readonly opts: DeviceServiceOptions) {}
+  constructor(private readonly opts: DeviceServiceOptions) {
+    const firstMs = opts.resend?.firstMs ?? 5000;
+    this.resend = new ResendSchedule({
+      now: opts.now,
+      firstMs,
+      maxMs: opts.resend?.maxMs ?? 300_000,
+      connected: (deviceId) => opts.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString() === 'connected',
+      resend: (deviceId) => this.resendPending(deviceId, firstMs),
+      log: opts.log,
+    });
+    this.retention = new HistoryRetention({
+      store: opts.store,
+      now: opts.now,
+      log: opts.log,
+      maxAgeDays: opts.retention?.maxAgeDays ?? 0,
+      maxPerVariable: opts.retention?.maxPerVariable ?? 0,
+    });
+  }
+
+  /** Stops the resend timer and the retention (at shutdown). */
+  async close(): Promise<void> {
+    this.resend.stop();
+    await this.retention.stop();
+  }
 
   get store(): BridgeStore {
     return this.opts.store;
@@ -181,6 +215,8 @@ export class DeviceService {
       },
       { durable: false },
     );
+    // A device that is gone gets what it has not acknowledged at its next hello.
+    if (state !== 'online') this.resend.forget(deviceId);
     this.opts.log.info({ event: 'device.state', deviceId, state: META_STATE[state] });
   }
 
@@ -226,6 +262,7 @@ export class DeviceService {
     // The answer to the hello is the bridge's clock, so that an agent learns it even when nothing else is due.
     if (hello.clock === true) this.send(deviceId, 'down/vars', { id: messageId(), items: [], now: this.opts.now() });
     this.catchUp(deviceId);
+    this.resend.reset(deviceId);
     this.opts.commands?.onHello(deviceId);
     await this.opts.firmware?.onHello(deviceId);
     // Logged and counted as any message that could not be stored (`device.message_failed`).
@@ -253,11 +290,7 @@ export class DeviceService {
     for (;;) {
       const page = devices.pending(deviceId, after, PAGE);
       if (page.length === 0) break;
-      const items: VarItem[] = [];
-      for (const rec of page) {
-        if (rec.acked < rec.time) items.push(varItem(asVersion(rec), 'push'));
-        if (rec.syncacked < rec.synced) items.push(varItem(asVersion(rec), 'sync'));
-      }
+      const items = pendingItems(page);
       if (!this.sendVars(deviceId, items)) return sent;
       sent += items.length;
       after = page[page.length - 1]!.name;
@@ -265,6 +298,40 @@ export class DeviceService {
     }
     if (sent > 0) this.opts.log.info({ event: 'vars.catch_up', deviceId, items: sent });
     return sent;
+  }
+
+  /**
+   * The resend schedule's turn for a connected device: what the catch-up would send, but for what went out within
+   * the last `minAgeMs` (by its `time` or `synced` stamp, the bridge's clock), a page at a time, yielding between
+   * pages so that requests keep being served. `undefined` when the link could not take it.
+   */
+  private async resendPending(
+    deviceId: string,
+    minAgeMs: number,
+  ): Promise<{ sent: number; young: number } | undefined> {
+    const devices = this.opts.store.devices;
+    const now = this.opts.now();
+    // A stamp in this window was set moments ago; one far ahead of the bridge's clock does not say so.
+    const young = (stamp: number) => stamp > now - minAgeMs && stamp <= now + minAgeMs;
+    let after = '';
+    const r = { sent: 0, young: 0 };
+    for (;;) {
+      const page = devices.pending(deviceId, after, PAGE);
+      if (page.length === 0) break;
+      const items: VarItem[] = [];
+      for (const rec of page) {
+        for (const item of pendingItems([rec])) {
+          if (young(item.kind === 'push' ? rec.time : rec.synced)) r.young++;
+          else items.push(item);
+        }
+      }
+      if (items.length > 0 && !this.sendVars(deviceId, items)) return undefined;
+      r.sent += items.length;
+      if (page.length < PAGE) break;
+      after = page[page.length - 1]!.name;
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
+    return r;
   }
 
   private async onVars(deviceId: string, msg: VarsMessage): Promise<void> {
@@ -332,6 +399,8 @@ export class DeviceService {
       },
       { durable: false },
     );
+    // The device is taking what it is sent: what is left goes again soon.
+    this.resend.reset(deviceId);
   }
 
   private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
@@ -416,36 +485,24 @@ export class DeviceService {
     return true;
   }
 
+  /** Sends pushes and syncs; each waits for the device's acknowledgement, and is sent again until it comes. */
   private sendVars(deviceId: string, items: VarItem[]): boolean {
     for (let i = 0; i < items.length; i += PAGE) {
       if (!this.send(deviceId, 'down/vars', { id: messageId(), items: items.slice(i, i + PAGE) })) return false;
     }
+    if (items.length > 0) this.resend.sent(deviceId);
     return true;
   }
 
   // ---- upkeep ----
 
-  /**
-   * Hourly: history older than `historyDays` (0 keeps it), and nearby entries past the window. The history
-   * goes in batches, each its own transaction, so that requests keep being served while a large backlog goes.
-   */
-  async prune(historyDays: number): Promise<{ history: number; nearby: number }> {
-    const now = this.opts.now();
+  /** Hourly: nearby entries past the window. History has its own retention (`retention`). */
+  async prune(): Promise<{ nearby: number }> {
     const { store } = this.opts;
-    const BATCH = 5000;
-    let history = 0;
-    if (historyDays > 0) {
-      const before = now - historyDays * 86_400_000;
-      for (;;) {
-        const n = await store.write(() => store.devices.pruneHistory(before, BATCH), { durable: false });
-        history += n;
-        if (n < BATCH) break;
-      }
-    }
-    const nearby = await store.write(() => store.devices.pruneNearby(now - this.opts.nearbyWindowMs), {
+    const nearby = await store.write(() => store.devices.pruneNearby(this.opts.now() - this.opts.nearbyWindowMs), {
       durable: false,
     });
-    return { history, nearby };
+    return { nearby };
   }
 }
 
@@ -487,6 +544,16 @@ export function cloudTime(item: VarItem, skew: number | undefined, now: number, 
   if (item.unverified === true) return Math.max(0, Math.min(now, item.time - (skew ?? 0)));
   if (item.time <= now + CLOCK_TOLERANCE_MS) return item.time;
   return unseen === undefined ? now : Math.min(now, unseen);
+}
+
+/** What a page of unacknowledged records sends: the version of each pending push, and each pending sync. */
+function pendingItems(page: readonly VarRecord[]): VarItem[] {
+  const items: VarItem[] = [];
+  for (const rec of page) {
+    if (rec.acked < rec.time) items.push(varItem(asVersion(rec), 'push'));
+    if (rec.syncacked < rec.synced) items.push(varItem(asVersion(rec), 'sync'));
+  }
+  return items;
 }
 
 /** A stored `d` record as the wire sees it. */

@@ -149,6 +149,18 @@ const toDevice = (r: DeviceRow): Device => ({
 
 /** Device rows and device JSON kept in memory; beyond this many, the oldest entry is dropped. */
 const CACHE_MAX = 20_000;
+/**
+ * Variables whose history grew since the retention last looked (retention.ts); beyond this many, the set is
+ * dropped and the next pass looks at every variable instead.
+ */
+const GROWN_MAX = 200_000;
+
+/** A variable, as the retention walks them. */
+export interface VarKey {
+  deviceId: string;
+  type: VarType;
+  name: string;
+}
 
 export type ClaimOutcome = 'claimed' | 'already-yours' | 'taken';
 
@@ -158,6 +170,11 @@ export class DeviceStore {
   private readonly views = new Map<string, string>();
   /** Device ids by owner, in claim order. */
   private readonly owned = new Map<number, readonly string[]>();
+  /**
+   * Variables that got history entries since `takeGrown` (keys `device\0type\0name`); `undefined` when that is
+   * not known: at start, and after more than `GROWN_MAX`.
+   */
+  private grown: Set<string> | undefined;
 
   constructor(private readonly db: Db) {
     this.s = {
@@ -237,6 +254,20 @@ export class DeviceStore {
         'DELETE FROM history WHERE id IN (SELECT id FROM history WHERE timestamp < ? ORDER BY timestamp LIMIT ?)',
       ),
       pruneNearby: db.prepare('DELETE FROM nearby WHERE heard_at < ?'),
+      varKeys: db.prepare<[string, string, string, number], { device_id: string; type: VarType; name: string }>(
+        `SELECT device_id, type, name FROM vars WHERE (device_id, type, name) > (?, ?, ?)
+         ORDER BY device_id, type, name LIMIT ?`,
+      ),
+      // The id of the newest entry past the first `keep`: it and everything older go.
+      historyCutoff: db
+        .prepare<[string, string, string, number], number>(
+          'SELECT id FROM history WHERE device_id = ? AND type = ? AND name = ? ORDER BY id DESC LIMIT 1 OFFSET ?',
+        )
+        .pluck(),
+      pruneVarHistory: db.prepare(
+        `DELETE FROM history WHERE id IN (SELECT id FROM history
+           WHERE device_id = ? AND type = ? AND name = ? AND id <= ? ORDER BY id LIMIT ?)`,
+      ),
     };
   }
 
@@ -335,7 +366,10 @@ export class DeviceStore {
   putVersion(deviceId: string, v: NewVersion, acked: number, by: SetBy, history = true): void {
     this.views.delete(deviceId);
     this.s.putVar.run({ deviceId, type: v.type, name: v.name, value: v.value, time: v.time, origin: v.origin, acked });
-    if (history) this.s.addHistory.run({ deviceId, type: v.type, name: v.name, value: v.value, by, timestamp: v.time });
+    if (history) {
+      this.s.addHistory.run({ deviceId, type: v.type, name: v.name, value: v.value, by, timestamp: v.time });
+      this.grew(deviceId, v.type, v.name);
+    }
   }
 
   /**
@@ -434,6 +468,45 @@ export class DeviceStore {
   /** Removes up to `max` history entries older than `before`; returns how many. */
   pruneHistory(before: number, max: number): number {
     return this.s.pruneHistory.run(before, max).changes;
+  }
+
+  /**
+   * Removes up to `max` of the entries of one variable beyond its newest `keep`, oldest first; returns how many
+   * (fewer than `max`: the variable is within its limit now).
+   */
+  pruneVariableHistory(key: VarKey, keep: number, max: number): number {
+    const cutoff = this.s.historyCutoff.get(key.deviceId, key.type, key.name, keep);
+    if (cutoff === undefined) return 0;
+    return this.s.pruneVarHistory.run(key.deviceId, key.type, key.name, cutoff, max).changes;
+  }
+
+  /** Up to `limit` variables after `after`, in key order: the retention's walk over every variable. */
+  varKeys(after: VarKey | undefined, limit: number): VarKey[] {
+    const a = after ?? { deviceId: '', type: '', name: '' };
+    return this.s.varKeys
+      .all(a.deviceId, a.type, a.name, limit)
+      .map((r) => ({ deviceId: r.device_id, type: r.type, name: r.name }));
+  }
+
+  /**
+   * The variables whose history grew since the last call, and forgets them; `undefined` when that is not known
+   * (the first call, or they were too many to keep): then every variable must be looked at.
+   */
+  takeGrown(): VarKey[] | undefined {
+    const grown = this.grown;
+    this.grown = new Set();
+    if (grown === undefined) return undefined;
+    return [...grown].map((k) => {
+      const [deviceId, type, name] = k.split('\0') as [string, VarType, string];
+      return { deviceId, type, name };
+    });
+  }
+
+  private grew(deviceId: string, type: VarType, name: string): void {
+    const grown = this.grown;
+    if (grown === undefined) return;
+    grown.add(`${deviceId}\0${type}\0${name}`);
+    if (grown.size > GROWN_MAX) this.grown = undefined;
   }
 
   // ---- nearby ----

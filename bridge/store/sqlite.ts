@@ -1,4 +1,5 @@
 /** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
 import { type Db, GroupCommitter, type Migration, type StorageState, openDatabase } from '../../lib/sqlite.js';
@@ -162,9 +163,12 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly sessions = new Map<string, { session: Session; user: User | undefined }>();
   private readonly sessionsOfUser = new Map<number, Set<string>>();
 
+  private readonly path: string;
+
   /** `log` gets one line when writes start failing for lack of space and one when they work again. */
   constructor(dataDir: string, log?: Logger) {
-    this.db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
+    this.path = join(dataDir, 'bridge.db');
+    this.db = openDatabase(this.path, BRIDGE_MIGRATIONS);
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log?.error({ event: 'storage.full', dataDir, err: String(err) });
@@ -211,6 +215,9 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
         'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
       ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
+      pageCount: db.prepare<[], number>('PRAGMA page_count').pluck(),
+      pageSize: db.prepare<[], number>('PRAGMA page_size').pluck(),
+      freePages: db.prepare<[], number>('PRAGMA freelist_count').pluck(),
     };
   }
 
@@ -220,6 +227,19 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
 
   get storage(): StorageState {
     return this.commit.storage;
+  }
+
+  databaseSize(): { bytes: number; freeBytes: number } {
+    const pages = this.s.pageCount.get() ?? 0;
+    const free = this.s.freePages.get() ?? 0;
+    const pageSize = this.s.pageSize.get() ?? 0;
+    let wal = 0;
+    try {
+      wal = statSync(`${this.path}-wal`).size;
+    } catch {
+      // No log yet, or checkpointed away.
+    }
+    return { bytes: pages * pageSize + wal, freeBytes: free * pageSize };
   }
 
   createFrontend(f: Frontend): void {

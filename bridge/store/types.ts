@@ -102,6 +102,12 @@ export interface BridgeStore {
   /** Whether the last writes failed for lack of space (`/healthz`). */
   readonly storage: StorageState;
 
+  /**
+   * The database's size on disk, bytes: its pages and its write-ahead log; and of that, the pages free for reuse
+   * (removed rows leave free pages, which new rows fill before the file grows again). For metrics.
+   */
+  databaseSize(): { bytes: number; freeBytes: number };
+
   createFrontend(f: Frontend): void;
   frontend(id: string): Frontend | undefined;
   defaultFrontend(): Frontend | undefined;

@@ -5,7 +5,7 @@
  * the access control of `/metrics`.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { rmSync, writeFileSync } from 'node:fs';
+import { rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import mqtt from 'mqtt';
@@ -21,7 +21,7 @@ import { createLogger } from '../../lib/log.js';
 import { topicFor } from '../../protocol/index.js';
 import { LogSink, type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type LiveBridge, type TestBridge, startLiveBridge, startTestBridge } from '../support/bridge.js';
-import { type TestBroker, startMosquitto } from '../support/brokers.js';
+import { type TestBroker, startMosquitto, upVars } from '../support/brokers.js';
 import { type Netns, makeNetns, netnsUnavailable } from '../support/netns.js';
 import { until } from '../support/wait.js';
 
@@ -151,7 +151,7 @@ describe('GET /metrics', () => {
   const deviceId = randomUUID();
 
   beforeAll(async () => {
-    live = await startLiveBridge();
+    live = await startLiveBridge({ config: { devices: { historyPerVariable: 4 } } });
     agent = await startAgent({ mqttUrl: live.mqttUrl, flags: { 'udp.enabled': false } });
     device = await mqtt.connectAsync(live.mqttUrl, {
       clientId: deviceId,
@@ -241,6 +241,44 @@ describe('GET /metrics', () => {
 
     expect(m.get('process_resident_memory_bytes')).toBeGreaterThan(1_000_000);
     expect(m.has('nodejs_heap_size_used_bytes')).toBe(true);
+  });
+
+  it('reports the size of the database, which follows real traffic, and what the retention removed', async () => {
+    const store = live.bridge.store;
+    const before = await scrape(live.url);
+    const bytes0 = before.get('devcloud_bridge_database_bytes')!;
+    expect(bytes0).toBeGreaterThan(0);
+    expect(before.get('devcloud_bridge_database_free_bytes')).toBeGreaterThanOrEqual(0);
+    // 100 changes of 32 KiB from the device client, each a new version with its history entry: over 3 MiB.
+    const value = 'x'.repeat(32 * 1024);
+    for (let i = 0; i < 100; i++) {
+      await device.publishAsync(topicFor(deviceId, 'up/vars'), upVars(`big${i % 10}`, `${i}${value}`), { qos: 1 });
+    }
+    await until(() => store.devices.history(deviceId, 'd', 'big9', 100).length === 10, 'the changes stored');
+    const after = await scrape(live.url);
+    const bytes1 = after.get('devcloud_bridge_database_bytes')!;
+    expect(bytes1 - bytes0).toBeGreaterThan(3 * 1024 * 1024);
+    // What the files hold: the main file and its write-ahead log, whatever of the log is not checkpointed yet.
+    const files = ['bridge.db', 'bridge.db-wal'].map((f) => {
+      try {
+        return statSync(join(live.dataDir, f)).size;
+      } catch {
+        return 0;
+      }
+    });
+    expect(bytes1).toBeGreaterThanOrEqual(files[1]!);
+    expect(bytes1).toBeLessThanOrEqual(files[0]! + 2 * files[1]! + 1024 * 1024);
+    expect(after.get(key('devcloud_history_pruned_total', { limit: 'count' }))).toBe(0);
+    // This bridge keeps 4 entries a variable: a pass of the retention removes 6 of each, and leaves free pages.
+    const pass = await live.bridge.devices.retention.pass();
+    expect(pass.byCount).toBeGreaterThanOrEqual(60);
+    for (let k = 0; k < 10; k++) expect(store.devices.history(deviceId, 'd', `big${k}`, 100)).toHaveLength(4);
+    const last = await scrape(live.url);
+    expect(last.get(key('devcloud_history_pruned_total', { limit: 'count' }))).toBe(pass.byCount);
+    expect(last.get(key('devcloud_history_pruned_total', { limit: 'age' }))).toBe(0);
+    expect(last.get('devcloud_bridge_database_free_bytes')).toBeGreaterThan(
+      after.get('devcloud_bridge_database_free_bytes')! + 1024 * 1024,
+    );
   });
 });
 

@@ -75,7 +75,7 @@ describe('the agent log of an idle gateway', () => {
       return p.pushes + p.syncs === 0;
     }, 'the first sync acknowledged');
     // The cloud's clock learnt from the answer to the hello (logged once, at info, as it should be).
-    await waitFor(() => a.status().clock.source === 'cloud', "the cloud's clock learnt");
+    await waitFor(() => a.clock.status().source === 'cloud', "the cloud's clock learnt");
     const before = agent.sink.lines.length;
     expect(vi.getTimerCount(), 'the agent has timers on the fake clock').toBeGreaterThan(0);
 

@@ -12,7 +12,9 @@ import https from 'node:https';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
-import { buildApp } from '../../bridge/app.js';
+import { buildApp, createDeviceService } from '../../bridge/app.js';
+import { CommandService } from '../../bridge/commands/service.js';
+import type { DeviceService } from '../../bridge/devices/service.js';
 import { type RunningBridge, ensureDefaultFrontend, hasherFor, startBridge } from '../../bridge/cli.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
@@ -242,6 +244,8 @@ export interface TestBridge {
   clock: TestClock;
   sink: LogSink;
   mailer: Mailer;
+  /** The app's device service (no broker: what it sends goes nowhere), on the test's clock. */
+  devices: DeviceService;
   dataDir: string;
   defaultFrontend: Frontend;
   transport: Transport;
@@ -280,7 +284,9 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const defaultFrontend = ensureDefaultFrontend(store, clock.now());
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now });
+  const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
+  const devices = createDeviceService(config, store, log, clock.now, commands);
+  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands });
   let url: string | undefined;
   let send: Send;
   if (transport === 'inject') {
@@ -302,6 +308,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
     clock,
     sink,
     mailer,
+    devices,
     dataDir,
     defaultFrontend,
     transport,
@@ -320,6 +327,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
     },
     async close() {
       await app.close();
+      await devices.close();
       await mailer.close();
       store.close();
       rmSync(dataDir, { recursive: true, force: true });
