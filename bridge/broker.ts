@@ -8,13 +8,16 @@
  * - authorize: a device publishes only under its own `up/` and `state`, and subscribes only to its own
  *   `down/`. Anything else is refused and logged.
  *
+ * - packet size: a client whose packet header announces more than `MAX_PACKET_BYTES` (protocol/) is disconnected
+ *   before the rest of the packet is read (docs/protocol.md, "Packet size").
+ *
  * The bridge's own client connects with a credential made at start that no device can guess.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { type AddressInfo, type Server, type Socket, createServer } from 'node:net';
 import { Aedes, type AuthenticateError, type Client } from 'aedes';
 import type { Logger } from '../lib/log.js';
-import { TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
+import { MAX_PACKET_BYTES, TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
 
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
 export interface DeviceCredentials {
@@ -55,10 +58,20 @@ export interface EmbeddedBrokerOptions {
   openEnrolment: boolean;
   credentials: DeviceCredentials;
   log: Logger;
+  /** The largest MQTT packet, whole, in bytes; default `MAX_PACKET_BYTES`. */
+  maxPacketBytes?: number;
+}
+
+/** What {@link EmbeddedBroker} reaches of aedes' per-connection packet parser (mqtt-packet). */
+interface PacketParser {
+  packet: { length: number };
+  _parseLength: (this: PacketParser) => boolean;
+  _emitError: (this: PacketParser, err: Error) => void;
 }
 
 /** Why a client was refused, for the log and for tests. */
-export type Refusal = 'bad-username' | 'bad-secret' | 'not-enrolled' | 'publish-denied' | 'subscribe-denied';
+export type Refusal =
+  'bad-username' | 'bad-secret' | 'not-enrolled' | 'publish-denied' | 'subscribe-denied' | 'packet-too-large';
 
 /** MQTT 3.1.1 CONNACK return codes used here. */
 const BAD_CREDENTIALS = 4;
@@ -77,6 +90,7 @@ export class EmbeddedBroker {
     'not-enrolled': 0,
     'publish-denied': 0,
     'subscribe-denied': 0,
+    'packet-too-large': 0,
   };
   private server: Server | undefined;
   private readonly sockets = new Set<Socket>();
@@ -121,7 +135,7 @@ export class EmbeddedBroker {
       socket.setNoDelay(true);
       this.sockets.add(socket);
       socket.on('close', () => this.sockets.delete(socket));
-      this.aedes.handle(socket);
+      this.guardPacketSize(this.aedes.handle(socket), socket);
     });
     this.server = server;
     return new Promise((resolve, reject) => {
@@ -131,6 +145,41 @@ export class EmbeddedBroker {
         resolve();
       });
     });
+  }
+
+  /**
+   * Refuses a packet whose header announces more than the limit, before its body is buffered: aedes (1.x) has no
+   * packet size option, and its parser (mqtt-packet) would otherwise hold the whole packet in memory first. The
+   * check sits on the connection's parser, right after it has read a packet's remaining length; a parser that
+   * does not look as expected (another aedes version) gets no connection at all rather than no limit.
+   */
+  private guardPacketSize(client: Client, socket: Socket): void {
+    // The fixed header (one byte and up to four of length) is not part of the remaining length.
+    const maxRemaining = (this.opts.maxPacketBytes ?? MAX_PACKET_BYTES) - 5;
+    const parser = (client as unknown as { _parser?: PacketParser })._parser;
+    const parseLength = parser?._parseLength;
+    if (!parser || typeof parseLength !== 'function' || typeof parser._emitError !== 'function') {
+      this.opts.log.error({ event: 'broker.packet_guard_missing' });
+      socket.destroy();
+      return;
+    }
+    parser._parseLength = () => {
+      const done = parseLength.call(parser);
+      const announced = parser.packet.length;
+      if (done && announced > maxRemaining) {
+        this.refusals['packet-too-large']++;
+        this.opts.log.warn({
+          event: 'broker.packet_too_large',
+          clientId: client.id,
+          bytes: announced + 5,
+          limit: maxRemaining + 5,
+        });
+        // The error closes the connection (aedes' client error handling); what follows is never read.
+        parser._emitError(new Error('packet too large'));
+        return false;
+      }
+      return done;
+    };
   }
 
   private refuse(reason: Refusal, client: Client | null, detail: Record<string, unknown>): void {
