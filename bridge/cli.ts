@@ -315,6 +315,14 @@ export async function startBridge(
   };
   let mqttPassword: string | undefined;
   let mqttCa: Buffer | undefined;
+  let enrolPassword: string | undefined;
+  try {
+    // The embedded broker's enrolment credential (with `dynsec`, bridge/mqtt/manage.ts reads it).
+    if (config.mqtt.url === undefined && config.mqtt.openEnrolment && config.mqtt.enrolPasswordFile !== undefined)
+      enrolPassword = readFileSync(config.mqtt.enrolPasswordFile, 'utf8').trim();
+  } catch (err) {
+    await fail(new Error(`cannot read the enrolment password file: ${(err as Error).message}`));
+  }
   try {
     if (config.mqtt.passwordFile !== undefined) mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
   } catch (err) {
@@ -339,6 +347,9 @@ export async function startBridge(
         host: config.host,
         port: config.mqtt.port,
         openEnrolment: config.mqtt.openEnrolment,
+        enrol:
+          enrolPassword === undefined ? undefined : { username: config.mqtt.enrolUsername, password: enrolPassword },
+        enrolLimits: config.mqtt.enrolLimits,
         credentials: store,
         log,
       });

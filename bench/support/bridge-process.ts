@@ -78,6 +78,9 @@ export async function spawnBridgeProcess(
     String(httpPort),
     '--mqtt-port',
     String(mqttPort),
+    // The benchmarks' agents make their own identities: open enrolment, which `run` has off by default.
+    '--open-enrolment',
+    'true',
     '--log-level',
     'warn',
     '--log-pretty',

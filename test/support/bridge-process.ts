@@ -57,6 +57,8 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
     JSON.stringify({
       accounts: { scryptLogN: 10 },
       rateLimits: { login: { limit: 1000 }, signup: { limit: 1000 } },
+      // Open enrolment, for the agents the tests start, unless the test says otherwise.
+      mqtt: { openEnrolment: true },
       ...opts.config,
     }),
   );

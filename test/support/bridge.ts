@@ -350,7 +350,8 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
     ...over,
     dataDir,
     http: { port: 0, ...over.http },
-    mqtt: { port: 0, ...over.mqtt },
+    // Open enrolment unless the test says otherwise: the agents tests start make their own identities.
+    mqtt: { port: 0, openEnrolment: true, ...over.mqtt },
     accounts: { scryptLogN: 10, ...over.accounts },
     rateLimits: {
       login: { limit: 1000 },

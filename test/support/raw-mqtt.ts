@@ -56,8 +56,9 @@ export interface RawClient {
 export async function rawConnect(
   port: number,
   login: { clientId: string; username: string; password: string },
+  localAddress?: string,
 ): Promise<RawClient> {
-  const socket = connect(port, '127.0.0.1');
+  const socket = connect({ port, host: '127.0.0.1', ...(localAddress ? { localAddress } : {}) });
   let closed = false;
   let written = 0;
   socket.on('close', () => (closed = true));
