@@ -10,6 +10,8 @@
  * - authorize: a device publishes only under its own `up/` and `state`, and subscribes only to its own
  *   `down/`. Anything else is refused and logged.
  *
+ * - rate limits: a device's messages over its limits are dropped, and a device that keeps going over is
+ *   disconnected and refused for a while (bridge/devices/ratelimit.ts), before the bridge handles anything.
  * - packet size: a client whose packet header announces more than `MAX_PACKET_BYTES` (protocol/) is disconnected
  *   before the rest of the packet is read (docs/protocol.md, "Packet size").
  *
@@ -21,6 +23,7 @@ import { Aedes, type AuthenticateError, type Client, type PublishPacket } from '
 import type { Logger } from '../lib/log.js';
 import { ENROL_TOPIC, MAX_PACKET_BYTES, TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
 import { RateLimiter } from './accounts/ratelimit.js';
+import type { DeviceRateLimiter } from './devices/ratelimit.js';
 import { EnrolRequest } from './mqtt/dynsec.js';
 
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
@@ -66,6 +69,8 @@ export interface EmbeddedBrokerOptions {
   enrolLimits?: { perAddress: number; total: number; windowMs: number };
   credentials: DeviceCredentials;
   log: Logger;
+  /** Per-device limits on what devices publish, applied before the bridge sees a message. */
+  deviceLimits?: DeviceRateLimiter | undefined;
   /** The largest MQTT packet, whole, in bytes; default `MAX_PACKET_BYTES`. */
   maxPacketBytes?: number;
 }
@@ -85,7 +90,8 @@ export type Refusal =
   | 'publish-denied'
   | 'subscribe-denied'
   | 'packet-too-large'
-  | 'enrol-limited';
+  | 'enrol-limited'
+  | 'rate-limited';
 
 /** MQTT 3.1.1 CONNACK return codes used here. */
 const BAD_CREDENTIALS = 4;
@@ -124,6 +130,7 @@ export class EmbeddedBroker {
     'subscribe-denied': 0,
     'packet-too-large': 0,
     'enrol-limited': 0,
+    'rate-limited': 0,
   };
   private server: Server | undefined;
   private readonly sockets = new Set<Socket>();
@@ -326,6 +333,14 @@ export class EmbeddedBroker {
         fail(BAD_CREDENTIALS, 'bad-secret');
         return;
       }
+      // A device cut off for flooding waits out its penalty (logged once, when it was cut off).
+      if (opts.deviceLimits?.penalised(username)) {
+        this.refusals['rate-limited']++;
+        const err = new Error('rate-limited') as AuthenticateError;
+        err.returnCode = SERVER_UNAVAILABLE;
+        done(err, false);
+        return;
+      }
       done(null, true);
     };
 
@@ -353,7 +368,20 @@ export class EmbeddedBroker {
         done(new Error('publish denied'));
         return;
       }
-      done(null);
+      const verdict = opts.deviceLimits?.admit(client.id, t.name, packet.payload.length) ?? 'ok';
+      switch (verdict) {
+        case 'ok':
+          done(null);
+          return;
+        case 'drop':
+          swallow(packet);
+          done(null);
+          return;
+        case 'disconnect':
+          this.refusals['rate-limited']++;
+          done(new Error('rate limit'));
+          return;
+      }
     };
 
     aedes.authorizeSubscribe = (client, sub, done) => {

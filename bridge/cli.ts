@@ -16,6 +16,7 @@ import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
+import { DeviceRateLimiter } from './devices/ratelimit.js';
 import type { DeviceService } from './devices/service.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
 import { LinkMonitor } from './health.js';
@@ -306,6 +307,7 @@ export async function startBridge(
   const linkState = new LinkMonitor();
   const app = buildApp({ config, store, hasher, mailer, log, devices, commands, link: linkState });
   let broker: EmbeddedBroker | undefined;
+  const deviceLimits = new DeviceRateLimiter(config.mqtt.rate, log);
   const fail = async (err: unknown): Promise<never> => {
     await app.close();
     await broker?.close();
@@ -350,6 +352,7 @@ export async function startBridge(
         enrol:
           enrolPassword === undefined ? undefined : { username: config.mqtt.enrolUsername, password: enrolPassword },
         enrolLimits: config.mqtt.enrolLimits,
+        deviceLimits,
         credentials: store,
         log,
       });
@@ -369,6 +372,7 @@ export async function startBridge(
         ca: mqttCa,
         persistent: true,
         log,
+        deviceLimits,
       });
   linkState.attach(link, b ? 'embedded' : 'external');
   devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
 import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
+import { MAX_PACKET_BYTES } from '../protocol/index.js';
 import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
@@ -58,6 +59,32 @@ export const BridgeConfigSchema = z
          * what `npm start` runs). docs/operations.md, "Enrolment".
          */
         openEnrolment: z.boolean().default(false),
+        /**
+         * What one device may publish (docs/operations.md, "Device rate limits"): token buckets whose bursts cover
+         * a healthy agent's catch-up; over them a message is dropped, and after `disconnectAfter` drops in a
+         * minute the device is cut off for `penaltyMs`.
+         */
+        rate: z
+          .object({
+            messagesPerSecond: z.number().min(0.1).max(1_000_000).default(100),
+            messageBurst: z.number().int().min(1).max(10_000_000).default(2000),
+            bytesPerSecond: z
+              .number()
+              .min(1024)
+              .max(1024 ** 3)
+              .default(2 * 1024 * 1024),
+            byteBurst: z
+              .number()
+              .int()
+              .min(MAX_PACKET_BYTES)
+              .max(16 * 1024 ** 3)
+              .default(64 * 1024 * 1024),
+            hellosPerMinute: z.number().int().min(1).max(100_000).default(10),
+            disconnectAfter: z.number().int().min(1).max(1_000_000).default(50),
+            penaltyMs: z.number().int().min(0).max(86_400_000).default(60_000),
+          })
+          .strict()
+          .prefault({}),
         /** Enrolments allowed per window from one client address (embedded broker), and in all. */
         enrolLimits: z
           .object({
