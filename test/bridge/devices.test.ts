@@ -897,12 +897,24 @@ describe('devices and variables with real agents (embedded broker)', () => {
     it('a device another user owns is not in my network even when it heard me', async () => {
       const [owner, me] = [await world.user(), await world.user()];
       const dev = await world.owned(owner);
-      await world.hear(dev, me);
+      // What it says it heard of its owner counts.
+      await world.hear(dev, owner);
+      const dropped = world.live.bridge.devices.counters.heardForeign;
+      await udpSend(dev.agent.agent.nearby.port!, `${me.authcode}\n`);
+      await until(() => world.live.bridge.devices.counters.heardForeign > dropped, 'the report about me dropped');
+      expect(world.store.devices.heardBy(dev.id, me.id, 0)).toBe(false);
+      expect(world.live.sink.events('nearby.foreign_heard')).toContainEqual(
+        expect.objectContaining({ level: 'debug', deviceId: dev.id, count: 1 }),
+      );
       expect(await me.network()).toEqual({});
       for (const id of [dev.auth, dev.id]) {
         const r = await me.get(`/0/devices/${id}`);
         expect([r.status, r.body]).toEqual([404, 'device-fail']);
       }
+      // Unregistered, it has no owner: what it claimed to have heard of me while owned still does not count.
+      expect((await owner.del(`/0/devices/${dev.id}`)).status).toBe(200);
+      expect(await me.network()).toEqual({});
+      expect((await me.get(`/0/devices/${dev.auth}`)).status).toBe(404);
     });
 
     it('a product with nearby off: GET /0/network/ is {} and the nearby id is 404, though the device heard the user', async () => {
