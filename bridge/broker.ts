@@ -137,6 +137,8 @@ export class EmbeddedBroker {
   private readonly bridgeClients = new WeakSet<Client>();
   /** Clients logged in with the enrolment credential: they may only publish an enrolment request. */
   private readonly enrolClients = new WeakSet<Client>();
+  /** Each connection's packet parser, to stop reading from a client that is cut off. */
+  private readonly parsers = new WeakMap<Client, PacketParser>();
   private readonly enrolByAddress: RateLimiter;
   private readonly enrolTotal: RateLimiter;
 
@@ -243,6 +245,7 @@ export class EmbeddedBroker {
       socket.destroy();
       return;
     }
+    this.parsers.set(client, parser);
     parser._parseLength = () => {
       const done = parseLength.call(parser);
       const announced = parser.packet.length;
@@ -379,6 +382,9 @@ export class EmbeddedBroker {
           return;
         case 'disconnect':
           this.refusals['rate-limited']++;
+          // The rest of what the client sent, in this read and after, is never parsed: the parser stops at its
+          // error, and the error closes the connection.
+          this.parsers.get(client)?._emitError(new Error('rate limit'));
           done(new Error('rate limit'));
           return;
       }

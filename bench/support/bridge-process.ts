@@ -35,6 +35,8 @@ export interface BridgeProcessOptions {
   cpuProfDir?: string | undefined;
   /** More options for node, before the script. */
   nodeArgs?: string[];
+  /** More options for `devcloud-bridge run`. */
+  args?: string[];
 }
 
 function keepTail(proc: ChildProcess): () => string {
@@ -85,6 +87,7 @@ export async function spawnBridgeProcess(
     'warn',
     '--log-pretty',
     'never',
+    ...(opts.args ?? []),
   ];
   mkdirSync(opts.dataDir, { recursive: true });
   const proc = spawn(process.execPath, [...nodeArgs, ...entry, ...args], {

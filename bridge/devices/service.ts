@@ -193,21 +193,27 @@ export class DeviceService {
       return;
     }
     const now = this.opts.now();
-    const taken = await this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      this.activity(deviceId, now);
-      const ok = devices.setAuthcode(deviceId, hello.authcode);
-      devices.setMeta(deviceId, 'unique', deviceId, now, 'device');
-      devices.setMeta(deviceId, 'platform', hello.platform, now, 'device');
-      devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
-      devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
-      devices.setMeta(deviceId, 'state', 'connected', now, 'server');
-      // Decision 22: the firmware entries exist from the first hello; the device reports them during an update.
-      for (const [name, value] of FW_META_DEFAULTS) {
-        if (!devices.getVar(deviceId, 'meta', name)) devices.setMeta(deviceId, name, value, now, 'server');
-      }
-      return !ok;
-    });
+    const taken = await this.opts.store.write(
+      () => {
+        const devices = this.opts.store.devices;
+        this.activity(deviceId, now);
+        const ok = devices.setAuthcode(deviceId, hello.authcode);
+        devices.setMeta(deviceId, 'unique', deviceId, now, 'device');
+        devices.setMeta(deviceId, 'platform', hello.platform, now, 'device');
+        devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
+        devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
+        devices.setMeta(deviceId, 'state', 'connected', now, 'server');
+        // Decision 22: the firmware entries exist from the first hello; the device reports them during an update.
+        for (const [name, value] of FW_META_DEFAULTS) {
+          if (!devices.getVar(deviceId, 'meta', name)) devices.setMeta(deviceId, name, value, now, 'server');
+        }
+        return !ok;
+        // Without fsync: every hello writes the same records again, so a lost one costs nothing, and a burst of
+        // hellos (one per reconnect of every device, or a device over its limits) must not stall the event loop
+        // for one fsync each.
+      },
+      { durable: false },
+    );
     if (taken) {
       this.counters.authcodeTaken++;
       log.warn({ event: 'device.authcode_taken', deviceId, reason: 'another device has this auth code' });
