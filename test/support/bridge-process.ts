@@ -58,7 +58,7 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
       accounts: { scryptLogN: 10 },
       rateLimits: { login: { limit: 1000 }, signup: { limit: 1000 } },
       // Open enrolment, for the agents the tests start, unless the test says otherwise.
-      mqtt: { openEnrolment: true },
+      mqtt: { openEnrolment: true, enrolLimits: { perAddress: 100_000, total: 100_000 } },
       ...opts.config,
     }),
   );
