@@ -55,7 +55,8 @@ describe('a hello flood from one device', () => {
   });
 
   it('through the embedded broker: the excess is dropped, the device disconnected and refused, REST answers', async () => {
-    const live = await startLiveBridge({ config: { mqtt: { openEnrolment: true } } });
+    // The production limits (`rate: {}`), not the test bridges' generous ones.
+    const live = await startLiveBridge({ config: { mqtt: { openEnrolment: true, rate: {} } } });
     cleanups.push(() => live.close());
     const http = await otherUser(live);
     const port = live.bridge.broker!.port;
@@ -87,7 +88,9 @@ describe('a hello flood from one device', () => {
   it('through Mosquitto: the bridge drops the excess and ignores the device for the penalty, REST answers', async () => {
     const broker: TestBroker = await startMosquitto();
     cleanups.push(() => broker.close());
-    const live = await startLiveBridge({ config: { mqtt: { url: broker.url, clientId: `bridge-${randomUUID()}` } } });
+    const live = await startLiveBridge({
+      config: { mqtt: { url: broker.url, clientId: `bridge-${randomUUID()}`, rate: {} } },
+    });
     cleanups.push(() => live.close());
     const http = await otherUser(live);
     const deviceId = randomUUID();

@@ -356,6 +356,8 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
       port: 0,
       openEnrolment: true,
       enrolLimits: { perAddress: 100_000, total: 100_000 },
+      // Tests send many hellos from one device on purpose; the device limits have their own tests.
+      rate: { hellosPerMinute: 100_000 },
       ...over.mqtt,
     },
     accounts: { scryptLogN: 10, ...over.accounts },
