@@ -3,18 +3,28 @@
  * and 5). Its hooks do what per-device credentials and ACLs do on Mosquitto in production:
  *
  * - authenticate: a device logs in with its uuid as username and its secret as password. A known device must
- *   present its secret; an unknown one is enrolled on first connect when open enrolment is on (trust on first
- *   use). Secrets are kept as hashes only.
+ *   present its secret. An unknown one is refused unless open enrolment is on: then, with an enrolment
+ *   credential, it enrols as it does at Mosquitto (a login with the credential that may only publish its id and
+ *   secret on `ENROL_TOPIC`); without one, on first connect (trust on first use). Enrolments are capped per client
+ *   address and in all (docs/operations.md, "Enrolment"). Secrets are kept as hashes only.
  * - authorize: a device publishes only under its own `up/` and `state`, and subscribes only to its own
  *   `down/`. Anything else is refused and logged.
+ *
+ * - rate limits: a device's messages over its limits are dropped, and a device that keeps going over is
+ *   disconnected and refused for a while (bridge/devices/ratelimit.ts), before the bridge handles anything.
+ * - packet size: a client whose packet header announces more than `MAX_PACKET_BYTES` (protocol/) is disconnected
+ *   before the rest of the packet is read (docs/protocol.md, "Packet size").
  *
  * The bridge's own client connects with a credential made at start that no device can guess.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { type AddressInfo, type Server, type Socket, createServer } from 'node:net';
-import { Aedes, type AuthenticateError, type Client } from 'aedes';
+import { Aedes, type AuthenticateError, type Client, type PublishPacket } from 'aedes';
 import type { Logger } from '../lib/log.js';
-import { TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
+import { ENROL_TOPIC, MAX_PACKET_BYTES, TOPIC_ROOT, isDeviceId, parseTopic } from '../protocol/index.js';
+import { RateLimiter } from './accounts/ratelimit.js';
+import type { DeviceRateLimiter } from './devices/ratelimit.js';
+import { EnrolRequest } from './mqtt/dynsec.js';
 
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
 export interface DeviceCredentials {
@@ -51,18 +61,59 @@ export interface EmbeddedBrokerOptions {
   host: string;
   /** 0 picks a free port. */
   port: number;
-  /** Enrol unknown devices on first connect (trust on first use). */
+  /** Enrol unknown devices: through `enrol` when given, else on first connect (trust on first use). */
   openEnrolment: boolean;
+  /** The enrolment credential (with `openEnrolment`). */
+  enrol?: { username: string; password: string } | undefined;
+  /** Enrolments allowed per window from one client address, and in all; default 10 and 100 a minute. */
+  enrolLimits?: { perAddress: number; total: number; windowMs: number };
   credentials: DeviceCredentials;
   log: Logger;
+  /** Per-device limits on what devices publish, applied before the bridge sees a message. */
+  deviceLimits?: DeviceRateLimiter | undefined;
+  /** The largest MQTT packet, whole, in bytes; default `MAX_PACKET_BYTES`. */
+  maxPacketBytes?: number;
+}
+
+/** What {@link EmbeddedBroker} reaches of aedes' per-connection packet parser (mqtt-packet). */
+interface PacketParser {
+  packet: { length: number };
+  _parseLength: (this: PacketParser) => boolean;
+  _emitError: (this: PacketParser, err: Error) => void;
 }
 
 /** Why a client was refused, for the log and for tests. */
-export type Refusal = 'bad-username' | 'bad-secret' | 'not-enrolled' | 'publish-denied' | 'subscribe-denied';
+export type Refusal =
+  | 'bad-username'
+  | 'bad-secret'
+  | 'not-enrolled'
+  | 'publish-denied'
+  | 'subscribe-denied'
+  | 'packet-too-large'
+  | 'enrol-limited'
+  | 'rate-limited';
 
 /** MQTT 3.1.1 CONNACK return codes used here. */
 const BAD_CREDENTIALS = 4;
 const NOT_AUTHORIZED = 5;
+const SERVER_UNAVAILABLE = 3;
+
+/**
+ * Where a publish the broker swallows goes: a `$` topic, which no wildcard subscription matches (MQTT 4.7.2) and
+ * no device may subscribe to. The publisher still gets its PUBACK.
+ */
+const SINK_TOPIC = '$devcloud/swallowed';
+
+export function swallow(packet: PublishPacket): void {
+  packet.topic = SINK_TOPIC;
+  packet.retain = false;
+  packet.payload = Buffer.alloc(0);
+}
+
+/** The address a client connected from, for the enrolment limits. */
+function addressOf(client: Client): string {
+  return (client.conn as Partial<Socket> | undefined)?.remoteAddress ?? 'unknown';
+}
 
 export class EmbeddedBroker {
   readonly aedes: Aedes;
@@ -77,16 +128,61 @@ export class EmbeddedBroker {
     'not-enrolled': 0,
     'publish-denied': 0,
     'subscribe-denied': 0,
+    'packet-too-large': 0,
+    'enrol-limited': 0,
+    'rate-limited': 0,
   };
   private server: Server | undefined;
   private readonly sockets = new Set<Socket>();
   private readonly bridgeClients = new WeakSet<Client>();
+  /** Clients logged in with the enrolment credential: they may only publish an enrolment request. */
+  private readonly enrolClients = new WeakSet<Client>();
+  /** Each connection's packet parser, to stop reading from a client that is cut off. */
+  private readonly parsers = new WeakMap<Client, PacketParser>();
+  private readonly enrolByAddress: RateLimiter;
+  private readonly enrolTotal: RateLimiter;
 
   private constructor(
     aedes: Aedes,
     private readonly opts: EmbeddedBrokerOptions,
   ) {
     this.aedes = aedes;
+    const limits = opts.enrolLimits ?? { perAddress: 10, total: 100, windowMs: 60_000 };
+    this.enrolByAddress = new RateLimiter({ limit: limits.perAddress, windowMs: limits.windowMs });
+    this.enrolTotal = new RateLimiter({ limit: limits.total, windowMs: limits.windowMs });
+  }
+
+  /** Counts one enrolment from `client`'s address; `false` (and logged) when a limit is reached. */
+  private mayEnrol(client: Client, deviceId: string): boolean {
+    const address = addressOf(client);
+    if (this.enrolByAddress.take(address).ok && this.enrolTotal.take('all').ok) return true;
+    this.refusals['enrol-limited']++;
+    this.opts.log.warn({ event: 'broker.enrol_limited', deviceId, address });
+    return false;
+  }
+
+  /** An enrolment request published with the enrolment credential (the agent's side: agent/uplink.ts). */
+  private enrolRequest(client: Client, payload: Buffer | string): void {
+    const log = this.opts.log;
+    let parsed: ReturnType<typeof EnrolRequest.safeParse>;
+    try {
+      parsed = EnrolRequest.safeParse(JSON.parse(payload.toString()));
+    } catch {
+      parsed = EnrolRequest.safeParse(undefined);
+    }
+    if (!parsed.success || !isDeviceId(parsed.data.deviceId)) {
+      log.warn({ event: 'broker.enrol_refused', reason: 'malformed request', bytes: payload.length });
+      return;
+    }
+    const { deviceId, secret } = parsed.data;
+    // A known device's secret is never replaced.
+    if (this.opts.credentials.secretHash(deviceId) !== undefined) {
+      log.warn({ event: 'broker.enrol_refused', deviceId, reason: 'known device' });
+      return;
+    }
+    if (!this.mayEnrol(client, deviceId)) return;
+    this.opts.credentials.enroll(deviceId, hashSecret(secret));
+    log.info({ event: 'broker.enrolled', deviceId, via: 'credential' });
   }
 
   static async start(opts: EmbeddedBrokerOptions): Promise<EmbeddedBroker> {
@@ -121,7 +217,7 @@ export class EmbeddedBroker {
       socket.setNoDelay(true);
       this.sockets.add(socket);
       socket.on('close', () => this.sockets.delete(socket));
-      this.aedes.handle(socket);
+      this.guardPacketSize(this.aedes.handle(socket), socket);
     });
     this.server = server;
     return new Promise((resolve, reject) => {
@@ -131,6 +227,42 @@ export class EmbeddedBroker {
         resolve();
       });
     });
+  }
+
+  /**
+   * Refuses a packet whose header announces more than the limit, before its body is buffered: aedes (1.x) has no
+   * packet size option, and its parser (mqtt-packet) would otherwise hold the whole packet in memory first. The
+   * check sits on the connection's parser, right after it has read a packet's remaining length; a parser that
+   * does not look as expected (another aedes version) gets no connection at all rather than no limit.
+   */
+  private guardPacketSize(client: Client, socket: Socket): void {
+    // The fixed header (one byte and up to four of length) is not part of the remaining length.
+    const maxRemaining = (this.opts.maxPacketBytes ?? MAX_PACKET_BYTES) - 5;
+    const parser = (client as unknown as { _parser?: PacketParser })._parser;
+    const parseLength = parser?._parseLength;
+    if (!parser || typeof parseLength !== 'function' || typeof parser._emitError !== 'function') {
+      this.opts.log.error({ event: 'broker.packet_guard_missing' });
+      socket.destroy();
+      return;
+    }
+    this.parsers.set(client, parser);
+    parser._parseLength = () => {
+      const done = parseLength.call(parser);
+      const announced = parser.packet.length;
+      if (done && announced > maxRemaining) {
+        this.refusals['packet-too-large']++;
+        this.opts.log.warn({
+          event: 'broker.packet_too_large',
+          clientId: client.id,
+          bytes: announced + 5,
+          limit: maxRemaining + 5,
+        });
+        // The error closes the connection (aedes' client error handling); what follows is never read.
+        parser._emitError(new Error('packet too large'));
+        return false;
+      }
+      return done;
+    };
   }
 
   private refuse(reason: Refusal, client: Client | null, detail: Record<string, unknown>): void {
@@ -160,6 +292,19 @@ export class EmbeddedBroker {
         } else fail(BAD_CREDENTIALS, 'bad-secret');
         return;
       }
+      const enrol = opts.openEnrolment ? opts.enrol : undefined;
+      if (enrol !== undefined && username === enrol.username) {
+        // The enrolment credential under its own client id, as at Mosquitto (bridge/mqtt/dynsec.ts).
+        const ok =
+          client.id === enrol.username &&
+          password !== undefined &&
+          sameHash(hashSecret(password), hashSecret(enrol.password));
+        if (ok) {
+          this.enrolClients.add(client);
+          done(null, true);
+        } else fail(BAD_CREDENTIALS, 'bad-secret');
+        return;
+      }
       if (username === undefined || !isDeviceId(username) || client.id !== username) {
         fail(NOT_AUTHORIZED, 'bad-username');
         return;
@@ -171,17 +316,32 @@ export class EmbeddedBroker {
       const presented = hashSecret(password);
       const known = opts.credentials.secretHash(username);
       if (known === undefined) {
-        if (!opts.openEnrolment) {
+        // With an enrolment credential, an unknown device enrols through it, never by logging in.
+        if (!opts.openEnrolment || enrol !== undefined) {
           fail(NOT_AUTHORIZED, 'not-enrolled');
           return;
         }
+        if (!this.mayEnrol(client, username)) {
+          const err = new Error('enrol-limited') as AuthenticateError;
+          err.returnCode = SERVER_UNAVAILABLE;
+          done(err, false);
+          return;
+        }
         opts.credentials.enroll(username, presented);
-        log.info({ event: 'broker.enrolled', deviceId: username });
+        log.info({ event: 'broker.enrolled', deviceId: username, via: 'first-connect' });
         done(null, true);
         return;
       }
       if (!sameHash(known, presented)) {
         fail(BAD_CREDENTIALS, 'bad-secret');
+        return;
+      }
+      // A device cut off for flooding waits out its penalty (logged once, when it was cut off).
+      if (opts.deviceLimits?.penalised(username)) {
+        this.refusals['rate-limited']++;
+        const err = new Error('rate-limited') as AuthenticateError;
+        err.returnCode = SERVER_UNAVAILABLE;
+        done(err, false);
         return;
       }
       done(null, true);
@@ -192,6 +352,18 @@ export class EmbeddedBroker {
         done(null);
         return;
       }
+      if (this.enrolClients.has(client)) {
+        if (packet.topic !== ENROL_TOPIC) {
+          this.refuse('publish-denied', client, { topic: packet.topic.slice(0, 200) });
+          done(new Error('publish denied'));
+          return;
+        }
+        this.enrolRequest(client, packet.payload);
+        // The request holds a secret: handled here, it goes to no subscriber.
+        swallow(packet);
+        done(null);
+        return;
+      }
       const t = parseTopic(packet.topic);
       const own = t !== undefined && t.deviceId === client.id && (t.name === 'state' || t.name.startsWith('up/'));
       if (!own) {
@@ -199,7 +371,23 @@ export class EmbeddedBroker {
         done(new Error('publish denied'));
         return;
       }
-      done(null);
+      const verdict = opts.deviceLimits?.admit(client.id, t.name, packet.payload.length) ?? 'ok';
+      switch (verdict) {
+        case 'ok':
+          done(null);
+          return;
+        case 'drop':
+          swallow(packet);
+          done(null);
+          return;
+        case 'disconnect':
+          this.refusals['rate-limited']++;
+          // The rest of what the client sent, in this read and after, is never parsed: the parser stops at its
+          // error, and the error closes the connection.
+          this.parsers.get(client)?._emitError(new Error('rate limit'));
+          done(new Error('rate limit'));
+          return;
+      }
     };
 
     aedes.authorizeSubscribe = (client, sub, done) => {

@@ -17,6 +17,7 @@ import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
+import { DeviceRateLimiter } from './devices/ratelimit.js';
 import type { DeviceService } from './devices/service.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
 import { LinkMonitor } from './health.js';
@@ -307,6 +308,7 @@ export async function startBridge(
   const linkState = new LinkMonitor();
   const app = buildApp({ config, store, hasher, mailer, log, devices, commands, link: linkState });
   let broker: EmbeddedBroker | undefined;
+  const deviceLimits = new DeviceRateLimiter(config.mqtt.rate, log);
   const fail = async (err: unknown): Promise<never> => {
     await app.close();
     await broker?.close();
@@ -316,6 +318,14 @@ export async function startBridge(
   };
   let mqttPassword: string | undefined;
   let mqttCa: Buffer | undefined;
+  let enrolPassword: string | undefined;
+  try {
+    // The embedded broker's enrolment credential (with `dynsec`, bridge/mqtt/manage.ts reads it).
+    if (config.mqtt.url === undefined && config.mqtt.openEnrolment && config.mqtt.enrolPasswordFile !== undefined)
+      enrolPassword = readFileSync(config.mqtt.enrolPasswordFile, 'utf8').trim();
+  } catch (err) {
+    await fail(new Error(`cannot read the enrolment password file: ${(err as Error).message}`));
+  }
   try {
     if (config.mqtt.passwordFile !== undefined) mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
   } catch (err) {
@@ -348,6 +358,10 @@ export async function startBridge(
         host: config.host,
         port: config.mqtt.port,
         openEnrolment: config.mqtt.openEnrolment,
+        enrol:
+          enrolPassword === undefined ? undefined : { username: config.mqtt.enrolUsername, password: enrolPassword },
+        enrolLimits: config.mqtt.enrolLimits,
+        deviceLimits,
         credentials: store,
         log,
       });
@@ -367,6 +381,7 @@ export async function startBridge(
         ca: mqttCa,
         persistent: true,
         log,
+        deviceLimits,
       });
   linkState.attach(link, b ? 'embedded' : 'external');
   devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
 import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
+import { MAX_PACKET_BYTES } from '../protocol/index.js';
 import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
@@ -77,10 +78,47 @@ export const BridgeConfigSchema = z
         /** Port of the embedded broker. */
         port: z.number().int().min(0).max(65535).default(1883),
         /**
-         * Enrol unknown devices (trust on first use): on first connect to the embedded broker; with `dynsec`,
-         * through the enrolment credential.
+         * Enrol unknown devices. Off by default: only provisioned devices connect (`devcloud-bridge device
+         * provision`). On, with `enrolPasswordFile`: through the enrolment credential, at the embedded broker and
+         * with `dynsec` alike; on without it, at the embedded broker only: on first connect (trust on first use,
+         * what `npm start` runs). docs/operations.md, "Enrolment".
          */
-        openEnrolment: z.boolean().default(true),
+        openEnrolment: z.boolean().default(false),
+        /**
+         * What one device may publish (docs/operations.md, "Device rate limits"): token buckets whose bursts cover
+         * a healthy agent's catch-up; over them a message is dropped, and after `disconnectAfter` drops in a
+         * minute the device is cut off for `penaltyMs`.
+         */
+        rate: z
+          .object({
+            messagesPerSecond: z.number().min(0.1).max(1_000_000).default(100),
+            messageBurst: z.number().int().min(1).max(10_000_000).default(2000),
+            bytesPerSecond: z
+              .number()
+              .min(1024)
+              .max(1024 ** 3)
+              .default(2 * 1024 * 1024),
+            byteBurst: z
+              .number()
+              .int()
+              .min(MAX_PACKET_BYTES)
+              .max(16 * 1024 ** 3)
+              .default(64 * 1024 * 1024),
+            hellosPerMinute: z.number().int().min(1).max(100_000).default(10),
+            disconnectAfter: z.number().int().min(1).max(1_000_000).default(50),
+            penaltyMs: z.number().int().min(0).max(86_400_000).default(60_000),
+          })
+          .strict()
+          .prefault({}),
+        /** Enrolments allowed per window from one client address (embedded broker), and in all. */
+        enrolLimits: z
+          .object({
+            perAddress: z.number().int().min(1).max(1_000_000).default(10),
+            total: z.number().int().min(1).max(1_000_000).default(100),
+            windowMs: z.number().int().min(1000).max(86_400_000).default(60_000),
+          })
+          .strict()
+          .prefault({}),
         /**
          * External broker: the bridge's client id. Its session is persistent, so that the broker keeps what
          * devices publish while the bridge restarts.
@@ -96,7 +134,7 @@ export const BridgeConfigSchema = z
          * manages one client per device (bridge/mqtt/dynsec.ts).
          */
         dynsec: z.boolean().default(false),
-        /** With `dynsec` and `openEnrolment`: the enrolment credential's username, and a file with its password. */
+        /** With `openEnrolment`: the enrolment credential's username, and a file with its password. */
         enrolUsername: z.string().min(1).max(128).default('devcloud-enrol'),
         enrolPasswordFile: z.string().min(1).optional(),
       })
@@ -371,7 +409,7 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     env: 'DEVCLOUD_OPEN_ENROLMENT',
     kind: 'bool',
     arg: 'BOOL',
-    help: 'enrol unknown devices on first connect',
+    help: 'enrol unknown devices (default false; see mqtt.enrolPasswordFile)',
   },
   {
     key: 'metrics.enabled',

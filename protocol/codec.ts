@@ -10,6 +10,19 @@ import type { TopicName } from './topics.js';
 /** Larger payloads are refused before parsing; senders batch well below this. */
 export const MAX_PAYLOAD_BYTES = 8 * 1024 * 1024;
 
+/**
+ * What an MQTT packet adds around its payload, at most: the fixed header, the topic (`dc/v1/<uuid>/up/hello` is
+ * under 64 bytes), the packet id and MQTT 5 properties, rounded up generously.
+ */
+export const PACKET_HEADROOM_BYTES = 64 * 1024;
+
+/**
+ * The largest MQTT packet, whole, that a broker accepts from anyone: the largest legal payload plus headroom. The
+ * embedded broker refuses a larger one as soon as its header announces it, and the shipped Mosquitto config sets
+ * `max_packet_size` to this (docs/protocol.md, "Sizes").
+ */
+export const MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + PACKET_HEADROOM_BYTES;
+
 export type Decoded<K extends TopicName> = { ok: true; value: Payloads[K] } | { ok: false; reason: string };
 
 export function encode<K extends TopicName>(name: K, payload: Payloads[K]): Buffer {

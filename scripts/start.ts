@@ -39,7 +39,18 @@ const agentLog = createLogger({ level: 'info', pretty: 'auto', base: { service: 
 const mqttPort = (await tcpPortFree(1883, host)) ? 1883 : 0;
 const httpPort = (await tcpPortFree(8080, host)) ? 8080 : 0;
 const bridge = await startBridge(
-  loadBridgeConfig({ dataDir: resolve(root, 'var/bridge'), host, 'http.port': httpPort, 'mqtt.port': mqttPort }, {}),
+  // Open enrolment (trust on first use), so that the local agent, and any other started by hand, connects at once;
+  // `devcloud-bridge run` has it off (docs/operations.md, "Enrolment").
+  loadBridgeConfig(
+    {
+      dataDir: resolve(root, 'var/bridge'),
+      host,
+      'http.port': httpPort,
+      'mqtt.port': mqttPort,
+      'mqtt.openEnrolment': true,
+    },
+    {},
+  ),
   log,
 );
 const broker = bridge.broker!;

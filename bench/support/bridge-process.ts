@@ -35,6 +35,8 @@ export interface BridgeProcessOptions {
   cpuProfDir?: string | undefined;
   /** More options for node, before the script. */
   nodeArgs?: string[];
+  /** More options for `devcloud-bridge run`. */
+  args?: string[];
 }
 
 function keepTail(proc: ChildProcess): () => string {
@@ -78,10 +80,14 @@ export async function spawnBridgeProcess(
     String(httpPort),
     '--mqtt-port',
     String(mqttPort),
+    // The benchmarks' agents make their own identities: open enrolment, which `run` has off by default.
+    '--open-enrolment',
+    'true',
     '--log-level',
     'warn',
     '--log-pretty',
     'never',
+    ...(opts.args ?? []),
   ];
   mkdirSync(opts.dataDir, { recursive: true });
   const proc = spawn(process.execPath, [...nodeArgs, ...entry, ...args], {

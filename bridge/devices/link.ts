@@ -11,6 +11,7 @@ import type { Socket } from 'node:net';
 import type { Aedes, AedesPublishPacket } from 'aedes';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../../lib/log.js';
+import type { DeviceRateLimiter } from './ratelimit.js';
 import { safeUrl } from '../../lib/url.js';
 import {
   ALL_DEVICES_UP_FILTERS,
@@ -36,6 +37,11 @@ export interface LinkOptions {
   /** Persistent session at the broker. */
   persistent: boolean;
   log: Logger;
+  /**
+   * Per-device limits, applied to each message before it is decoded. An external broker does not apply them, and
+   * the bridge cannot disconnect a device there: a device over its limits is ignored for the penalty instead.
+   */
+  deviceLimits?: DeviceRateLimiter | undefined;
 }
 
 interface LinkEvents {
@@ -60,6 +66,7 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
   constructor(
     protected readonly log: Logger,
     private readonly now: () => number = Date.now,
+    private readonly deviceLimits?: DeviceRateLimiter,
   ) {
     super();
   }
@@ -83,6 +90,7 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
       this.log.warn({ event: 'mqtt.drop', topic: topic.slice(0, 200), reason: 'not a device topic' });
       return;
     }
+    if (this.deviceLimits && this.deviceLimits.admit(parsed.deviceId, parsed.name, payload.length) !== 'ok') return;
     const decoded = decode(parsed.name, payload);
     if (!decoded.ok) {
       this.dropped.invalid++;
@@ -114,7 +122,7 @@ export class DeviceLink extends LinkBase {
   private isUp = false;
 
   constructor(private readonly opts: LinkOptions) {
-    super(opts.log);
+    super(opts.log, Date.now, opts.deviceLimits);
   }
 
   get connected(): boolean {

@@ -72,6 +72,8 @@ export interface DeviceCounters {
   authcodeTaken: number;
   /** Authcodes heard that match no user. */
   heardUnknown: number;
+  /** Authcodes heard by a device claimed by someone else than the user they belong to: dropped. */
+  heardForeign: number;
   /** Handling failed (a database error): logged, and the device's re-send will bring it again. */
   failed: number;
 }
@@ -86,7 +88,14 @@ export class DeviceService {
    * bridge's answer, and the two sides would differ.
    */
   private readonly skews = new Map<string, number>();
-  readonly counters: DeviceCounters = { handled: 0, helloMismatch: 0, authcodeTaken: 0, heardUnknown: 0, failed: 0 };
+  readonly counters: DeviceCounters = {
+    handled: 0,
+    helloMismatch: 0,
+    authcodeTaken: 0,
+    heardUnknown: 0,
+    heardForeign: 0,
+    failed: 0,
+  };
   /** When each connected device with something unacknowledged gets it again (docs/sync.md). */
   readonly resend: ResendSchedule;
   /** Removes history past its age or count limit, in the background (`retention.start()`). */
@@ -423,20 +432,26 @@ export class DeviceService {
   }
 
   /**
-   * Authcodes heard on UDP 590. The bridge stamps them with its own clock: the agent reports only what it heard
-   * within its freshness window, and the gateway's clock may be off.
+   * Authcodes heard on UDP 590: the device claims that the user is near (docs/api.md, "Nearby: what a device
+   * claims"). Only a current authcode counts (decision 17). A device claimed by a user reports only that user:
+   * what it says it heard of anyone else is dropped, so that an owned device cannot put itself before strangers,
+   * nor keep a record of who passed by. The bridge stamps reports with its own clock: the agent reports only what
+   * it heard within its freshness window, and the gateway's clock may be off.
    */
   private async onHeard(deviceId: string, heard: ReadonlyArray<{ authcode: string }>): Promise<void> {
     const now = this.opts.now();
     let unknown = 0;
+    let foreign = 0;
     await this.opts.store.write(
       () => {
         const devices = this.opts.store.devices;
         this.activity(deviceId, now);
+        const owner = devices.device(deviceId)?.ownerId ?? null;
         for (const h of heard) {
           const user = userOfAuthcode(this.opts.store, h.authcode, now);
-          if (user) devices.heard(deviceId, user.id, now);
-          else unknown++;
+          if (!user) unknown++;
+          else if (owner !== null && owner !== user.id) foreign++;
+          else devices.heard(deviceId, user.id, now);
         }
       },
       { durable: false },
@@ -444,6 +459,10 @@ export class DeviceService {
     if (unknown > 0) {
       this.counters.heardUnknown += unknown;
       this.opts.log.debug({ event: 'nearby.unknown_authcode', deviceId, count: unknown });
+    }
+    if (foreign > 0) {
+      this.counters.heardForeign += foreign;
+      this.opts.log.debug({ event: 'nearby.foreign_heard', deviceId, count: foreign });
     }
   }
 

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Logger } from '../../lib/log.js';
 import { writeFileAtomic } from '../../lib/fsutil.js';
+import { RateLimiter } from '../accounts/ratelimit.js';
 import { hashSecret } from '../broker.js';
 import type { BridgeConfig } from '../config.js';
 import type { DeviceService } from '../devices/service.js';
@@ -79,10 +80,16 @@ export function startManagedBroker(opts: {
 
   // One request at a time: two requests for the same id must not both pass the "unknown" check.
   let queue: Promise<void> = Promise.resolve();
+  // Requests reach the bridge through the broker, without the device's address: only the total is capped.
+  const limits = new RateLimiter({ limit: m.enrolLimits.total, windowMs: m.enrolLimits.windowMs });
   const enrol = async (req: EnrolRequest): Promise<void> => {
     const { deviceId, secret } = req;
     if (store.secretHash(deviceId) !== undefined) {
       log.warn({ event: 'dynsec.enrol_refused', deviceId, reason: 'known device' });
+      return;
+    }
+    if (!limits.take('all').ok) {
+      log.warn({ event: 'dynsec.enrol_refused', deviceId, reason: 'enrolment limit' });
       return;
     }
     if (!(await dynsec.createDevice(deviceId, secret))) {

@@ -175,6 +175,17 @@ class World {
     await until(() => this.store.devices.heardBy(device.id, user.id, 0), 'the heard report');
   }
 
+  /**
+   * Sends the user's authcode to a device someone else owns, and waits until the bridge has dropped the report
+   * (docs/api.md: a claimed device reports its owner only).
+   */
+  async hearDropped(device: Device, user: User): Promise<void> {
+    const counters = this.live.bridge.devices.counters;
+    const before = counters.heardForeign;
+    await udpSend(device.agent.agent.nearby.port!, `${user.authcode}\n`);
+    await until(() => counters.heardForeign > before, 'the heard report dropped');
+  }
+
   /** A device claimed by `user`. */
   async owned(user: User, keep = false): Promise<Device> {
     const dev = await this.device({ keep });
@@ -897,12 +908,22 @@ describe('devices and variables with real agents (embedded broker)', () => {
     it('a device another user owns is not in my network even when it heard me', async () => {
       const [owner, me] = [await world.user(), await world.user()];
       const dev = await world.owned(owner);
-      await world.hear(dev, me);
+      // What it says it heard of its owner counts.
+      await world.hear(dev, owner);
+      await world.hearDropped(dev, me);
+      expect(world.store.devices.heardBy(dev.id, me.id, 0)).toBe(false);
+      expect(world.live.sink.events('nearby.foreign_heard')).toContainEqual(
+        expect.objectContaining({ level: 'debug', deviceId: dev.id, count: 1 }),
+      );
       expect(await me.network()).toEqual({});
       for (const id of [dev.auth, dev.id]) {
         const r = await me.get(`/0/devices/${id}`);
         expect([r.status, r.body]).toEqual([404, 'device-fail']);
       }
+      // Unregistered, it has no owner: what it claimed to have heard of me while owned still does not count.
+      expect((await owner.del(`/0/devices/${dev.id}`)).status).toBe(200);
+      expect(await me.network()).toEqual({});
+      expect((await me.get(`/0/devices/${dev.auth}`)).status).toBe(404);
     });
 
     it('a product with nearby off: GET /0/network/ is {} and the nearby id is 404, though the device heard the user', async () => {
@@ -970,7 +991,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       const dev = await world.owned(alice);
       await alice.post(`/0/devices/${dev.id}/d/led`, { value: 'on' });
       await alice.post(`/0/devices/${dev.id}/s/note`, { value: 'mine' });
-      await world.hear(dev, mallory);
+      await world.hearDropped(dev, mallory);
       const before = await settled(alice, dev);
       const historyBefore = await history(alice, `/0/devices/${dev.id}/d/led?latest=0`);
 

@@ -1,14 +1,24 @@
 /**
  * Enrolment by the embedded broker is kept in the bridge's database: after a restart a device is still known by
- * the secret it enrolled with, so nobody else can take its id.
+ * the secret it enrolled with, so nobody else can take its id. `devcloud-bridge run` enrols nobody by default;
+ * enrolment is by provisioning or through the enrolment credential, and capped per address and in all.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import mqtt from 'mqtt';
 import { afterEach, describe, expect, it } from 'vitest';
 import { EmbeddedBroker, hashSecret } from '../../bridge/broker.js';
+import { runCli } from '../../bridge/cli.js';
+import { BridgeConfigSchema } from '../../bridge/config.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
-import { LogSink, tempDir } from '../support/agent.js';
+import { LogSink, type TestAgent, startAgent, tempDir } from '../support/agent.js';
+import { type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { spawnBridge } from '../support/bridge-process.js';
+import { freePort } from '../support/brokers.js';
+import { rawConnect } from '../support/raw-mqtt.js';
+import { until } from '../support/wait.js';
 
 async function connects(url: string, id: string, secret: string): Promise<boolean> {
   try {
@@ -65,5 +75,126 @@ describe('enrolment kept across bridge restarts', () => {
     // A second enrolment of the same id (as a race would make) does not replace the secret.
     store.enroll(id, hashSecret('other'));
     expect(store.secretHash(id)).toBe(hashSecret(secret));
+  });
+});
+
+describe('secure enrolment by default', () => {
+  const cleanups: Array<() => Promise<void> | void> = [];
+  afterEach(async () => {
+    for (const c of cleanups.splice(0).reverse()) await c();
+  });
+
+  interface Login {
+    clientId: string;
+    username: string;
+    password: string;
+  }
+  const login = (id: string = randomUUID()): Login => ({
+    clientId: id,
+    username: id,
+    password: randomBytes(32).toString('hex'),
+  });
+
+  /** Whether the broker at `port` lets `who` in, from `localAddress`. */
+  async function admitted(port: number, who: Login = login(), localAddress?: string): Promise<boolean> {
+    try {
+      const c = await rawConnect(port, who, localAddress);
+      c.close();
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  it('devcloud-bridge run enrols nobody by default; a provisioned device connects', async () => {
+    expect(BridgeConfigSchema.parse({ dataDir: '/x' }).mqtt.openEnrolment).toBe(false);
+    const dataDir = tempDir('devcloud-bridge-');
+    cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }));
+    // No mqtt settings at all: the defaults of `run`.
+    const bridge = await spawnBridge({
+      dataDir,
+      httpPort: await freePort(),
+      mqttPort: await freePort(),
+      config: { mqtt: {} },
+    });
+    cleanups.push(() => bridge.kill9());
+    const port = Number(new URL(bridge.mqttUrl).port);
+    for (let i = 0; i < 20; i++) expect(await admitted(port)).toBe(false);
+    expect(bridge.output()).toContain('"reason":"not-enrolled"');
+    expect(bridge.output()).not.toContain('"event":"broker.enrolled"');
+
+    // `devcloud-bridge device provision` registers a secret the running bridge accepts.
+    const outDir = tempDir('devcloud-provision-');
+    cleanups.push(() => rmSync(outDir, { recursive: true, force: true }));
+    const out: string[] = [];
+    const code = await runCli(
+      ['device', 'provision', '--data-dir', dataDir, '--out', outDir],
+      { out: (s) => out.push(s), err: () => undefined },
+      { CONFIGURATION_DIRECTORY: dataDir },
+    );
+    expect(code).toBe(0);
+    const identity = JSON.parse(readFileSync(out[0]!, 'utf8')) as { deviceId: string; secret: string };
+    const store = new SqliteStore(dataDir);
+    try {
+      // 20 strangers left no trace; the provisioned device is the only one known.
+      expect(store.secretHash(identity.deviceId)).toBe(hashSecret(identity.secret));
+    } finally {
+      store.close();
+    }
+    expect(
+      await admitted(port, { clientId: identity.deviceId, username: identity.deviceId, password: identity.secret }),
+    ).toBe(true);
+  });
+
+  it('with an enrolment credential, an agent without a provisioning file enrols through it; nobody else does', async () => {
+    const dir = tempDir('devcloud-enrol-');
+    cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+    const enrolPassword = randomBytes(16).toString('hex');
+    writeFileSync(join(dir, 'enrol-password'), `${enrolPassword}\n`);
+    const live: LiveBridge = await startLiveBridge({
+      config: { mqtt: { openEnrolment: true, enrolPasswordFile: join(dir, 'enrol-password') } },
+    });
+    cleanups.push(() => live.close());
+    const port = live.bridge.broker!.port;
+    // Trust on first use is off when a credential is set.
+    expect(await admitted(port)).toBe(false);
+    // A wrong enrolment password is refused.
+    expect(
+      await admitted(port, { clientId: 'devcloud-enrol', username: 'devcloud-enrol', password: 'wrong-password' }),
+    ).toBe(false);
+
+    const agent: TestAgent = await startAgent({
+      mqttUrl: live.mqttUrl,
+      flags: { 'mqtt.enrolPassword': enrolPassword },
+    });
+    cleanups.push(() => agent.stop());
+    await until(() => agent.agent.uplink.connected, 'the agent to enrol and connect');
+    const id = agent.agent.identity.deviceId;
+    expect(live.bridge.store.secretHash(id)).toBe(hashSecret(agent.agent.identity.secret));
+    expect(live.sink.events('broker.enrolled')).toEqual([expect.objectContaining({ deviceId: id, via: 'credential' })]);
+    // The request carried the secret: it went to nobody, and no log line holds it.
+    expect(live.sink.text()).not.toContain(agent.agent.identity.secret);
+  });
+
+  it('caps enrolments per client address and in all, per window', async () => {
+    const live: LiveBridge = await startLiveBridge({
+      config: { mqtt: { openEnrolment: true, enrolLimits: { perAddress: 3, total: 5, windowMs: 60_000 } } },
+    });
+    cleanups.push(() => live.close());
+    const port = live.bridge.broker!.port;
+    const results: boolean[] = [];
+    for (let i = 0; i < 4; i++) results.push(await admitted(port, login(), '127.0.0.1'));
+    expect(results).toEqual([true, true, true, false]);
+    // Another address has its own allowance, up to the total.
+    const other: boolean[] = [];
+    for (let i = 0; i < 3; i++) other.push(await admitted(port, login(), '127.0.0.2'));
+    expect(other).toEqual([true, true, false]);
+    expect(live.bridge.broker!.refusals['enrol-limited']).toBe(2);
+    expect(live.sink.events('broker.enrol_limited')).toHaveLength(2);
+    expect(live.sink.events('broker.enrolled')).toHaveLength(5);
+    // A device enrolled before the limit was reached still connects.
+    const known = login();
+    live.bridge.store.enroll(known.username, hashSecret(known.password));
+    expect(await admitted(port, known)).toBe(true);
   });
 });

@@ -57,6 +57,13 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
     JSON.stringify({
       accounts: { scryptLogN: 10 },
       rateLimits: { login: { limit: 1000 }, signup: { limit: 1000 } },
+      // Open enrolment, for the agents the tests start, and no limit on their enrolments and hellos, unless the
+      // test says otherwise.
+      mqtt: {
+        openEnrolment: true,
+        enrolLimits: { perAddress: 100_000, total: 100_000 },
+        rate: { hellosPerMinute: 100_000 },
+      },
       ...opts.config,
     }),
   );

@@ -361,7 +361,16 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
     ...over,
     dataDir,
     http: { port: 0, ...over.http },
-    mqtt: { port: 0, ...over.mqtt },
+    // Open enrolment unless the test says otherwise: the agents tests start make their own identities, many of them
+    // from one address (the enrolment limits have their own tests).
+    mqtt: {
+      port: 0,
+      openEnrolment: true,
+      enrolLimits: { perAddress: 100_000, total: 100_000 },
+      // Tests send many hellos from one device on purpose; the device limits have their own tests.
+      rate: { hellosPerMinute: 100_000 },
+      ...over.mqtt,
+    },
     accounts: { scryptLogN: 10, ...over.accounts },
     rateLimits: {
       login: { limit: 1000 },

@@ -19,6 +19,8 @@ export interface TestBroker {
   stop(): Promise<void>;
   start(): Promise<void>;
   close(): Promise<void>;
+  /** The broker's process id when it runs in a process of its own (Mosquitto). */
+  pid?(): number | undefined;
 }
 
 export type BrokerKind = TestBroker['kind'];
@@ -80,11 +82,12 @@ export async function startAedes(): Promise<TestBroker> {
   };
 }
 
-export async function startMosquitto(): Promise<TestBroker> {
+/** A private Mosquitto that lets anyone in; `lines` are added to its config. */
+export async function startMosquitto(lines: readonly string[] = []): Promise<TestBroker> {
   const dir = mkdtempSync(join(tmpdir(), 'devcloud-mosq-'));
   const port = await freePort();
   const conf = join(dir, 'mosquitto.conf');
-  writeFileSync(conf, mosquittoConf(port, ['allow_anonymous true']));
+  writeFileSync(conf, mosquittoConf(port, ['allow_anonymous true', ...lines]));
   return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)) };
 }
 
@@ -204,6 +207,7 @@ async function runMosquitto(dir: string, conf: string, port: number): Promise<Om
   return {
     url: `mqtt://127.0.0.1:${port}`,
     port,
+    pid: () => proc?.pid,
     stop,
     start,
     close: async () => {
