@@ -243,10 +243,16 @@ describe('commands across crashes', () => {
     // Long enough for a restart of the agent on a busy machine to come first.
     const delayMs = 12_000;
     const cmd = await post(http, deviceId, `slow ${delayMs / 1000}`);
-    await until(() => existsSync(join(work, 'slow-child.pid')), 'the handler to start');
+    // The shell creates each file before it writes the pid into it: wait for the numbers, not the names.
+    const pidIn = (name: string) => {
+      const text = existsSync(join(work, name)) ? readFileSync(join(work, name), 'utf8') : '';
+      return /^\d+\n$/.test(text) ? Number(text) : undefined;
+    };
+    const { pid, child } = await until(() => {
+      const [p, c] = [pidIn('slow.pid'), pidIn('slow-child.pid')];
+      return p !== undefined && c !== undefined ? { pid: p, child: c } : undefined;
+    }, 'the handler to start');
     const startedAt = Date.now();
-    const pid = Number(readFileSync(join(work, 'slow.pid'), 'utf8'));
-    const child = Number(readFileSync(join(work, 'slow-child.pid'), 'utf8'));
     expect(alive(pid) && alive(child)).toBe(true);
 
     await first.kill9();
