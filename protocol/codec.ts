@@ -23,6 +23,39 @@ export const PACKET_HEADROOM_BYTES = 64 * 1024;
  */
 export const MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + PACKET_HEADROOM_BYTES;
 
+/**
+ * The most a sender puts in one message of items (`up/vars`, `down/vars`): half the receiver's limit, so that
+ * {@link varItemBytes} can be a rough upper bound.
+ */
+export const MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES / 2;
+
+/** An upper bound of a variable item's size in a message: JSON escaping makes a character at most 6 bytes. */
+export function varItemBytes(item: VarItem): number {
+  const v = item.value ?? item.value64 ?? '';
+  return 256 + (v.length < 4096 ? v.length * 6 : Buffer.byteLength(JSON.stringify(v)));
+}
+
+/**
+ * Splits items into messages of at most `maxItems` items and {@link MAX_MESSAGE_BYTES} (estimated) each; an item
+ * alone is always a message of its own, whatever its size.
+ */
+export function chunkVarItems<T>(items: readonly T[], maxItems: number, itemOf: (t: T) => VarItem): T[][] {
+  const chunks: T[][] = [];
+  let i = 0;
+  while (i < items.length) {
+    let end = i;
+    let bytes = 0;
+    while (end < items.length && end - i < maxItems) {
+      bytes += varItemBytes(itemOf(items[end]!));
+      if (end > i && bytes > MAX_MESSAGE_BYTES) break;
+      end++;
+    }
+    chunks.push(items.slice(i, end));
+    i = end;
+  }
+  return chunks;
+}
+
 export type Decoded<K extends TopicName> = { ok: true; value: Payloads[K] } | { ok: false; reason: string };
 
 export function encode<K extends TopicName>(name: K, payload: Payloads[K]): Buffer {

@@ -20,9 +20,9 @@ import {
   type UpTopic,
   type VarItem,
   type VarsMessage,
-  MAX_PAYLOAD_BYTES,
   VAR_NAME_RE,
   ackFor,
+  chunkVarItems,
   decodeValue,
   messageId,
   varItem,
@@ -75,15 +75,6 @@ const PAGE = 500;
 
 /** Lets the event loop send what was queued (and serve others) before the next page is read. */
 const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
-
-/** Half the receiver's limit, so that the estimate below can be rough. */
-const MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES / 2;
-
-/** An upper bound of an item's size in a message: JSON escaping makes a character at most 6 bytes. */
-function itemBytes(item: VarItem): number {
-  const v = item.value ?? item.value64 ?? '';
-  return 256 + (v.length < 4096 ? v.length * 6 : Buffer.byteLength(JSON.stringify(v)));
-}
 
 const keyOf = (kind: Kind, type: VarType, name: string) => `${kind}:${type}/${name}`;
 
@@ -367,18 +358,9 @@ export class VarSync extends EventEmitter<SyncEvents> {
     const size = this.opts.batchSize;
     const items = [...this.outVars.entries()];
     this.outVars.clear();
-    for (let i = 0; i < items.length;) {
-      // At most batchSize items, and well under the receiver's payload limit: a catch-up may hold many large
-      // values, and a message over the limit would be dropped and sent again the same way forever.
-      let end = i;
-      let bytes = 0;
-      while (end < items.length && end - i < size) {
-        bytes += itemBytes(items[end]![1]);
-        if (end > i && bytes > MAX_MESSAGE_BYTES) break;
-        end++;
-      }
-      const chunk = items.slice(i, end);
-      i = end;
+    // At most batchSize items, and well under the receiver's payload limit: a catch-up may hold many large values,
+    // and a message over the limit would be dropped and sent again the same way forever.
+    for (const chunk of chunkVarItems(items, size, ([, item]) => item)) {
       if (!this.uplink.publish('up/vars', { id: messageId(), items: chunk.map(([, item]) => item) })) return;
       for (const [key, item] of chunk) {
         this.sentAt.set(key, now);

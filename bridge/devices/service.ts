@@ -20,6 +20,7 @@ import {
   CLOCK_TOLERANCE_MS,
   MAX_BATCH_ITEMS,
   ackFor,
+  chunkVarItems,
   decodeValue,
   messageId,
   varItem,
@@ -506,8 +507,10 @@ export class DeviceService {
 
   /** Sends pushes and syncs; each waits for the device's acknowledgement, and is sent again until it comes. */
   private sendVars(deviceId: string, items: VarItem[]): boolean {
-    for (let i = 0; i < items.length; i += PAGE) {
-      if (!this.send(deviceId, 'down/vars', { id: messageId(), items: items.slice(i, i + PAGE) })) return false;
+    // At most a page of items, and well under the agent's payload limit (and the broker's packet limit, which
+    // would cut the bridge's own connection): values of up to 64 KiB make 500 of them too large for one message.
+    for (const chunk of chunkVarItems(items, PAGE, (item) => item)) {
+      if (!this.send(deviceId, 'down/vars', { id: messageId(), items: chunk })) return false;
     }
     if (items.length > 0) this.resend.sent(deviceId);
     return true;
