@@ -5,21 +5,17 @@
  * `device-ok`, stays unacknowledged while the device refuses, and ends up acknowledged once the device takes
  * what the bridge sends again, on the same connection: the device never reconnects.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
-import mqtt, { type MqttClient } from 'mqtt';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ackFor, decode, downFilter, encode, messageId, topicFor } from '../../protocol/index.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { type MqttDevice, connectMqttDevice } from '../support/mqtt-device.js';
 import { until } from '../support/wait.js';
 
 const CHANGES = 30;
 
 describe('a connected device that does not acknowledge gets the changes again', () => {
   let live: LiveBridge;
-  let device: MqttClient;
+  let device: MqttDevice;
   let user: HttpClient;
-  const D = randomUUID();
-  const AUTH = randomBytes(16).toString('hex');
   /** While true the device drops what it is sent, as an agent that cannot commit does. */
   let refusing = true;
   const received: Array<{ at: number; names: string[] }> = [];
@@ -29,66 +25,36 @@ describe('a connected device that does not acknowledge gets the changes again', 
     live = await startLiveBridge({
       config: { mqtt: { openEnrolment: true }, devices: { resendFirstMs: 200, resendMaxMs: 1000 } },
     });
-    device = await mqtt.connectAsync(live.mqttUrl, {
-      clientId: D,
-      username: D,
-      password: randomBytes(32).toString('hex'),
-      reconnectPeriod: 0,
-      connectTimeout: 5000,
-    });
-    device.on('connect', () => connects++);
-    connects = 1;
-    device.on('message', (topic, payload) => {
-      if (topic !== topicFor(D, 'down/vars')) return;
-      const msg = decode('down/vars', payload);
+    device = await connectMqttDevice(live.mqttUrl, (msg) => {
       if (!msg.ok) throw new Error(`bad down/vars: ${msg.reason}`);
       received.push({ at: Date.now(), names: msg.value.items.map((i) => i.name) });
       if (refusing) return;
-      void device.publishAsync(
-        topicFor(D, 'up/acks'),
-        encode('up/acks', { id: messageId(), acks: msg.value.items.map(ackFor) }),
-        { qos: 1 },
-      );
+      void device.ack(msg.value.items);
     });
-    await device.subscribeAsync(downFilter(D), { qos: 1 });
-    await device.publishAsync(
-      topicFor(D, 'up/hello'),
-      encode('up/hello', {
-        id: messageId(),
-        protocol: 1,
-        deviceId: D,
-        authcode: AUTH,
-        platform: 'test-board',
-        agentVersion: '0.0.1',
-        fwVersion: '1.0',
-        mode: 'master',
-        bootTime: Date.now(),
-        ts: Date.now(),
-      }),
-      { qos: 1 },
-    );
+    device.client.on('connect', () => connects++);
+    connects = 1;
     user = live.client();
     expect(
       (await user.post('/0/session/signup', { form: { login: 'u@example.com', password: 'correct horse' } })).status,
     ).toBe(201);
-    await until(() => live.bridge.store.devices.deviceByAuthcode(AUTH), 'the device saying hello');
-    expect((await user.post('/0/devices/', { form: { auth: AUTH } })).status).toBe(201);
+    await until(() => live.bridge.store.devices.deviceByAuthcode(device.authcode), 'the device saying hello');
+    expect((await user.post('/0/devices/', { form: { auth: device.authcode } })).status).toBe(201);
   });
 
   afterAll(async () => {
-    await device?.endAsync(true);
+    await device?.close();
     await live?.close();
   });
 
   const stamps = async (name: string): Promise<{ time: number; acked: number }> => {
-    const r = await user.get(`/0/devices/${D}/d/${name}`);
+    const r = await user.get(`/0/devices/${device.id}/d/${name}`);
     expect(r.status).toBe(200);
     return JSON.parse(r.body) as { time: number; acked: number };
   };
 
   it('acknowledges every change without a reconnect once the device takes them', async () => {
     for (let i = 0; i < CHANGES; i++) {
-      const r = await user.post(`/0/devices/${D}/d/v${i}`, { form: { value: `value ${i}` } });
+      const r = await user.post(`/0/devices/${device.id}/d/v${i}`, { form: { value: `value ${i}` } });
       expect({ status: r.status, body: r.body }).toEqual({ status: 200, body: 'device-ok' });
     }
     // The device hears each change, drops it, and hears it again: the bridge does not wait for a reconnect.
@@ -112,7 +78,7 @@ describe('a connected device that does not acknowledge gets the changes again', 
       return true;
     }, 'every change acknowledged');
     expect(connects).toBe(1);
-    expect(device.connected).toBe(true);
+    expect(device.client.connected).toBe(true);
     expect(live.sink.events('vars.resend').length).toBeGreaterThanOrEqual(2);
     // Once everything is acknowledged the device leaves the schedule: nothing more is sent.
     await until(() => live.bridge.devices.resend.size === 0, 'the device leaving the resend schedule');

@@ -1,0 +1,77 @@
+/**
+ * A device on a plain mqtt.js connection, for tests that need to see or withhold exactly what a device receives:
+ * it connects with a fresh identity (the bridge must enrol on first connect), subscribes to its `down/` topics,
+ * says hello, and hands every `down/vars` message to the test, raw and decoded. `ack` acknowledges items as an
+ * agent does after its commit.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import mqtt, { type MqttClient } from 'mqtt';
+import {
+  type Decoded,
+  type VarItem,
+  ackFor,
+  decode,
+  downFilter,
+  encode,
+  messageId,
+  topicFor,
+} from '../../protocol/index.js';
+
+export interface MqttDevice {
+  readonly id: string;
+  readonly authcode: string;
+  readonly client: MqttClient;
+  /** Acknowledges these items on `up/acks`. */
+  ack(items: readonly VarItem[]): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function connectMqttDevice(
+  mqttUrl: string,
+  onVars: (msg: Decoded<'down/vars'>, payload: Buffer) => void,
+): Promise<MqttDevice> {
+  const id = randomUUID();
+  const authcode = randomBytes(16).toString('hex');
+  const client = await mqtt.connectAsync(mqttUrl, {
+    clientId: id,
+    username: id,
+    password: randomBytes(32).toString('hex'),
+    reconnectPeriod: 0,
+    connectTimeout: 5000,
+  });
+  client.on('message', (topic, payload) => {
+    if (topic === topicFor(id, 'down/vars')) onVars(decode('down/vars', payload), payload);
+  });
+  await client.subscribeAsync(downFilter(id), { qos: 1 });
+  await client.publishAsync(
+    topicFor(id, 'up/hello'),
+    encode('up/hello', {
+      id: messageId(),
+      protocol: 1,
+      deviceId: id,
+      authcode,
+      platform: 'test-board',
+      agentVersion: '0.0.1',
+      fwVersion: '1.0',
+      mode: 'master',
+      bootTime: Date.now(),
+      ts: Date.now(),
+    }),
+    { qos: 1 },
+  );
+  return {
+    id,
+    authcode,
+    client,
+    ack: async (items) => {
+      await client.publishAsync(
+        topicFor(id, 'up/acks'),
+        encode('up/acks', { id: messageId(), acks: items.map(ackFor) }),
+        {
+          qos: 1,
+        },
+      );
+    },
+    close: () => client.endAsync(true),
+  };
+}
