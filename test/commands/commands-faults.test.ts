@@ -80,7 +80,21 @@ describe('commands across crashes', () => {
     return { work, handlers };
   }
 
-  it('kill -9 of the agent: the running command is interrupted, the queued ones run once each', async () => {
+  /**
+   * A bridge and an agent run as a real process on a state folder that outlives it, with the test handlers,
+   * claimed by a user: `spawn()` starts the agent (again) on the same folder.
+   */
+  async function claimedAgentProcess(
+    level: string,
+    env: Record<string, string> = {},
+  ): Promise<{
+    bridge: LiveBridge;
+    work: string;
+    deviceId: string;
+    http: ReturnType<LiveBridge['client']>;
+    spawn: () => AgentProcess;
+    first: AgentProcess;
+  }> {
     const bridge: LiveBridge = await startLiveBridge();
     cleanups.push(() => bridge.close());
     const { work, handlers } = workFolder();
@@ -110,24 +124,28 @@ describe('commands across crashes', () => {
           '--provision',
           provision,
           '--log-level',
-          'warn',
+          level,
           '--log-pretty',
           'never',
           '--config',
           config,
         ],
-        { CONFIGURATION_DIRECTORY: work },
+        { CONFIGURATION_DIRECTORY: work, ...env },
       );
       procs.push(p);
       return p;
     };
-
     const first = spawn();
     (await waitForSocket(first.socket)).close();
     const { deviceId } = identity;
     const http = bridge.client();
     await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
     await signupAndClaim(http, identity.authcode, deviceId);
+    return { bridge, work, deviceId, http, spawn, first };
+  }
+
+  it('kill -9 of the agent: the running command is interrupted, the queued ones run once each', async () => {
+    const { work, deviceId, http, spawn, first } = await claimedAgentProcess('warn');
 
     const running = await post(http, deviceId, 'block first');
     await until(async () => (await getCmd(http, deviceId, running))?.state === 'running', 'first running');
@@ -193,52 +211,7 @@ describe('commands across crashes', () => {
     ['setpriv on PATH: killed with the agent', process.env.PATH ?? '/usr/bin:/bin', true],
     ['no setpriv: killed when the agent starts again', '/nonexistent', false],
   ])('kill -9 of the agent, %s', async (_what, agentPath, pdeathsig) => {
-    const bridge: LiveBridge = await startLiveBridge();
-    cleanups.push(() => bridge.close());
-    const { work, handlers } = workFolder();
-    const identity = newIdentity();
-    const provision = join(work, 'provision.json');
-    writeFileSync(provision, JSON.stringify(identity), { mode: 0o600 });
-    const config = join(work, 'agent.json');
-    writeFileSync(config, JSON.stringify({ mqtt: { backoffMinMs: 50, backoffMaxMs: 500 } }));
-    const stateDir = tempDir('devcloud-cmd-agent-');
-    cleanups.push(() => rmSync(stateDir, { recursive: true, force: true }));
-    const procs: AgentProcess[] = [];
-    cleanups.push(async () => {
-      for (const p of procs) await p.kill9();
-    });
-    const spawn = () => {
-      const p = spawnAgent(
-        [
-          'run',
-          '--state-dir',
-          stateDir,
-          '--mqtt-url',
-          bridge.mqttUrl,
-          '--udp-port',
-          '0',
-          '--commands-dir',
-          handlers,
-          '--provision',
-          provision,
-          '--log-level',
-          'info',
-          '--log-pretty',
-          'never',
-          '--config',
-          config,
-        ],
-        { CONFIGURATION_DIRECTORY: work, PATH: agentPath },
-      );
-      procs.push(p);
-      return p;
-    };
-    const first = spawn();
-    (await waitForSocket(first.socket)).close();
-    const { deviceId } = identity;
-    const http = bridge.client();
-    await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
-    await signupAndClaim(http, identity.authcode, deviceId);
+    const { work, deviceId, http, spawn, first } = await claimedAgentProcess('info', { PATH: agentPath });
 
     // Long enough for a restart of the agent on a busy machine to come first.
     const delayMs = 12_000;
