@@ -7,7 +7,7 @@
  * them, and reconnects to do it again whenever it is cut off. See bench/README.md.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -16,6 +16,7 @@ import { startMosquitto } from '../test/support/brokers.js';
 import { type RawClient, publishPacket, rawConnect } from '../test/support/raw-mqtt.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { ROOT } from './support/processes.js';
 import { type ProbeRun, cookieOf, probe, send } from './support/http-load.js';
 import { type Row, formatTable, percentile, round } from './support/report.js';
 import { seedUser } from './support/seed.js';
@@ -34,6 +35,7 @@ interface Options {
   rate: number;
   durationS: number;
   source: boolean;
+  cpuProf: boolean;
 }
 
 const USAGE = `options:
@@ -41,7 +43,8 @@ const USAGE = `options:
   --hellos N                hellos per burst (default 3000)
   --rate N                  probe requests per second (default 100)
   --duration S              seconds of each probe window (default 5)
-  --source                  run the bridge from the TypeScript source through tsx`;
+  --source                  run the bridge from the TypeScript source through tsx
+  --cpu-prof                write a V8 CPU profile of the bridge to .bench/profiles/`;
 
 function options(args: string[]): Options {
   let v;
@@ -54,6 +57,7 @@ function options(args: string[]): Options {
         rate: { type: 'string', default: '100' },
         duration: { type: 'string', default: '5' },
         source: { type: 'boolean', default: false },
+        'cpu-prof': { type: 'boolean', default: false },
       },
       strict: true,
     }).values;
@@ -72,6 +76,7 @@ function options(args: string[]): Options {
     rate: int('rate', v.rate, 1),
     durationS: int('duration', v.duration, 1),
     source: v.source,
+    cpuProf: v['cpu-prof'],
   };
 }
 
@@ -152,7 +157,22 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     mqttArgs = ['--mqtt-url', mosquitto.url];
     brokerPort = mosquitto.port;
   }
-  const bridge = await spawnBridgeProcess({ runtime: prepared.runtime, dataDir, args: mqttArgs }, cleanup);
+  let cpuProfDir: string | undefined;
+  if (opts.cpuProf) {
+    cpuProfDir = join(ROOT, '.bench/profiles');
+    mkdirSync(cpuProfDir, { recursive: true });
+  }
+  const bridge = await spawnBridgeProcess(
+    // A sample every 0.2 ms: the stalls that matter here are a few ms long.
+    {
+      runtime: prepared.runtime,
+      dataDir,
+      cpuProfDir,
+      nodeArgs: cpuProfDir ? ['--cpu-prof-interval', '200'] : [],
+      args: mqttArgs,
+    },
+    cleanup,
+  );
   if (opts.broker === 'aedes') brokerPort = Number(new URL(bridge.mqttUrl).port);
 
   const login = await send(`${bridge.url}/0/session/login`, {
@@ -225,5 +245,10 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met,
     }),
   );
+  if (cpuProfDir) {
+    // The profile is written when the bridge exits.
+    await bridge.stop();
+    console.log(`bridge CPU profile written to ${cpuProfDir}`);
+  }
   return met ? 0 : 1;
 }
