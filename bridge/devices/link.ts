@@ -114,6 +114,27 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
   }
 }
 
+const yielding = new WeakSet<object>();
+
+/**
+ * Lets the event loop serve everything else between two reads from the broker. The MQTT client parses and
+ * handles all of a read (up to 64 KiB, a few hundred small messages) before it returns, and Node reads a socket
+ * again and again while data waits: a burst one device made (thousands of messages the broker passes on before
+ * the limits cut the device off) would otherwise be parsed, and dropped, in one stretch of hundreds of ms, with
+ * every HTTP request waiting behind it. Paused after each read, the socket is read again on the next turn.
+ */
+function yieldBetweenReads(stream: Partial<Socket> | undefined): void {
+  if (!stream?.on || !stream.pause || !stream.resume || yielding.has(stream)) return;
+  yielding.add(stream);
+  const s = stream as Socket;
+  s.on('data', () => {
+    s.pause();
+    setImmediate(() => {
+      if (!s.destroyed) s.resume();
+    });
+  });
+}
+
 /** The bridge's link to its devices, through whichever broker. */
 export type Link = LinkBase;
 
@@ -157,7 +178,9 @@ export class DeviceLink extends LinkBase {
       });
     });
     client.on('connect', (connack) => {
-      (client.stream as Partial<Socket> | undefined)?.setNoDelay?.(true);
+      const stream = client.stream as Partial<Socket> | undefined;
+      stream?.setNoDelay?.(true);
+      yieldBetweenReads(stream);
       // A persistent session keeps its subscriptions; subscribing again is harmless and covers a broker that lost it.
       client.subscribe([...ALL_DEVICES_UP_FILTERS], { qos: 1 }, (err, granted) => {
         if (err || granted?.some((g) => g.qos === 128)) {
