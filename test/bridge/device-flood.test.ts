@@ -15,7 +15,7 @@ import { type RawClient, publishPacket, rawConnect } from '../support/raw-mqtt.j
 import { until } from '../support/wait.js';
 
 const FLOOD = 3000;
-const HELLOS_PER_MINUTE = 10;
+const HELLOS_PER_MINUTE = 5;
 
 function hello(deviceId: string): Buffer {
   return encode('up/hello', {
