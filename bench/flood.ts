@@ -7,7 +7,7 @@
  * them, and reconnects to do it again whenever it is cut off. See bench/README.md.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -132,6 +132,21 @@ function flooder(port: number, hellos: number): { stop(): void; bursts(): number
   };
 }
 
+/**
+ * CPU time a process has used so far, ms (Linux: user and system time from /proc, in clock ticks of 10 ms);
+ * `undefined` where /proc cannot be read. On a shared machine this says what the flood costs the bridge better
+ * than latency does, which other processes' load moves too.
+ */
+function cpuMs(pid: number): number | undefined {
+  try {
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return undefined;
+  }
+}
+
 function summary(run: ProbeRun): { p50: number; p99: number; max: number; ok: number } {
   return {
     p50: round(percentile(run.latencies, 50)),
@@ -187,10 +202,17 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   // Warm up the route and the JIT before the baseline.
   await probe({ url: `${bridge.url}/0/user/`, headers: { cookie }, rate: opts.rate, durationMs: 1000 });
 
+  const cpu0 = cpuMs(bridge.pid);
   const baseline = summary(await probeOnce());
+  const cpu1 = cpuMs(bridge.pid);
   const flood = flooder(brokerPort, opts.hellos);
   cleanup.add('stop the flooder', () => flood.stop());
   const during = summary(await probeOnce());
+  const cpu2 = cpuMs(bridge.pid);
+  const cpu =
+    cpu0 === undefined || cpu1 === undefined || cpu2 === undefined
+      ? undefined
+      : { baselineMs: cpu1 - cpu0, duringMs: cpu2 - cpu1 };
   flood.stop();
 
   const delta = round(during.p99 - baseline.p99);
@@ -221,6 +243,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: undefined,
     },
     {
+      figure: 'bridge CPU time in the window',
+      measured: cpu ? `${cpu.duringMs} ms` : 'n/a',
+      baseline: cpu ? `${cpu.baselineMs} ms` : '',
+      ratio: cpu ? `+${cpu.duringMs - cpu.baselineMs} ms` : '',
+      target: '',
+      met: undefined,
+    },
+    {
       figure: 'flood bursts sent / logins refused',
       measured: `${flood.bursts()} / ${flood.refused()}`,
       baseline: '',
@@ -242,6 +272,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       p99DeltaMs: delta,
       bursts: flood.bursts(),
       refusedLogins: flood.refused(),
+      bridgeCpuMs: cpu ?? null,
       met,
     }),
   );
