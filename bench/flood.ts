@@ -7,7 +7,7 @@
  * them, and reconnects to do it again whenever it is cut off. See bench/README.md.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -16,6 +16,7 @@ import { startMosquitto } from '../test/support/brokers.js';
 import { type RawClient, publishPacket, rawConnect } from '../test/support/raw-mqtt.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { ROOT } from './support/processes.js';
 import { type ProbeRun, cookieOf, probe, send } from './support/http-load.js';
 import { type Row, formatTable, percentile, round } from './support/report.js';
 import { seedUser } from './support/seed.js';
@@ -34,6 +35,7 @@ interface Options {
   rate: number;
   durationS: number;
   source: boolean;
+  cpuProf: boolean;
 }
 
 const USAGE = `options:
@@ -41,7 +43,8 @@ const USAGE = `options:
   --hellos N                hellos per burst (default 3000)
   --rate N                  probe requests per second (default 100)
   --duration S              seconds of each probe window (default 5)
-  --source                  run the bridge from the TypeScript source through tsx`;
+  --source                  run the bridge from the TypeScript source through tsx
+  --cpu-prof                write a V8 CPU profile of the bridge to .bench/profiles/`;
 
 function options(args: string[]): Options {
   let v;
@@ -54,6 +57,7 @@ function options(args: string[]): Options {
         rate: { type: 'string', default: '100' },
         duration: { type: 'string', default: '5' },
         source: { type: 'boolean', default: false },
+        'cpu-prof': { type: 'boolean', default: false },
       },
       strict: true,
     }).values;
@@ -72,6 +76,7 @@ function options(args: string[]): Options {
     rate: int('rate', v.rate, 1),
     durationS: int('duration', v.duration, 1),
     source: v.source,
+    cpuProf: v['cpu-prof'],
   };
 }
 
@@ -127,6 +132,21 @@ function flooder(port: number, hellos: number): { stop(): void; bursts(): number
   };
 }
 
+/**
+ * CPU time a process has used so far, ms (Linux: user and system time from /proc, in clock ticks of 10 ms);
+ * `undefined` where /proc cannot be read. On a shared machine this says what the flood costs the bridge better
+ * than latency does, which other processes' load moves too.
+ */
+function cpuMs(pid: number): number | undefined {
+  try {
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return undefined;
+  }
+}
+
 function summary(run: ProbeRun): { p50: number; p99: number; max: number; ok: number } {
   return {
     p50: round(percentile(run.latencies, 50)),
@@ -152,7 +172,22 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     mqttArgs = ['--mqtt-url', mosquitto.url];
     brokerPort = mosquitto.port;
   }
-  const bridge = await spawnBridgeProcess({ runtime: prepared.runtime, dataDir, args: mqttArgs }, cleanup);
+  let cpuProfDir: string | undefined;
+  if (opts.cpuProf) {
+    cpuProfDir = join(ROOT, '.bench/profiles');
+    mkdirSync(cpuProfDir, { recursive: true });
+  }
+  const bridge = await spawnBridgeProcess(
+    // A sample every 0.2 ms: the stalls that matter here are a few ms long.
+    {
+      runtime: prepared.runtime,
+      dataDir,
+      cpuProfDir,
+      nodeArgs: cpuProfDir ? ['--cpu-prof-interval', '200'] : [],
+      args: mqttArgs,
+    },
+    cleanup,
+  );
   if (opts.broker === 'aedes') brokerPort = Number(new URL(bridge.mqttUrl).port);
 
   const login = await send(`${bridge.url}/0/session/login`, {
@@ -167,10 +202,17 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   // Warm up the route and the JIT before the baseline.
   await probe({ url: `${bridge.url}/0/user/`, headers: { cookie }, rate: opts.rate, durationMs: 1000 });
 
+  const cpu0 = cpuMs(bridge.pid);
   const baseline = summary(await probeOnce());
+  const cpu1 = cpuMs(bridge.pid);
   const flood = flooder(brokerPort, opts.hellos);
   cleanup.add('stop the flooder', () => flood.stop());
   const during = summary(await probeOnce());
+  const cpu2 = cpuMs(bridge.pid);
+  const cpu =
+    cpu0 === undefined || cpu1 === undefined || cpu2 === undefined
+      ? undefined
+      : { baselineMs: cpu1 - cpu0, duringMs: cpu2 - cpu1 };
   flood.stop();
 
   const delta = round(during.p99 - baseline.p99);
@@ -201,6 +243,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: undefined,
     },
     {
+      figure: 'bridge CPU time in the window',
+      measured: cpu ? `${cpu.duringMs} ms` : 'n/a',
+      baseline: cpu ? `${cpu.baselineMs} ms` : '',
+      ratio: cpu ? `+${cpu.duringMs - cpu.baselineMs} ms` : '',
+      target: '',
+      met: undefined,
+    },
+    {
       figure: 'flood bursts sent / logins refused',
       measured: `${flood.bursts()} / ${flood.refused()}`,
       baseline: '',
@@ -222,8 +272,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       p99DeltaMs: delta,
       bursts: flood.bursts(),
       refusedLogins: flood.refused(),
+      bridgeCpuMs: cpu ?? null,
       met,
     }),
   );
+  if (cpuProfDir) {
+    // The profile is written when the bridge exits.
+    await bridge.stop();
+    console.log(`bridge CPU profile written to ${cpuProfDir}`);
+  }
   return met ? 0 : 1;
 }

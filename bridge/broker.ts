@@ -18,6 +18,7 @@
  * The bridge's own client connects with a credential made at start that no device can guess.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createRequire } from 'node:module';
 import { type AddressInfo, type Server, type Socket, createServer } from 'node:net';
 import { Aedes, type AuthenticateError, type Client, type PublishPacket } from 'aedes';
 import type { Logger } from '../lib/log.js';
@@ -80,6 +81,18 @@ interface PacketParser {
   packet: { length: number };
   _parseLength: (this: PacketParser) => boolean;
   _emitError: (this: PacketParser, err: Error) => void;
+}
+
+/**
+ * aedes writes packets with mqtt-packet, which by default keeps a buffer for each of the 65,536 packet
+ * identifiers, made on the first packet the process writes: 40 to 50 ms with the event loop held, paid by whoever
+ * connects first (a device, with the embedded broker), and 65,536 objects on the heap for the life of the process.
+ * Writing an identifier's two bytes as it goes costs nothing measurable. The module is the copy aedes loads.
+ */
+function skipPacketIdCache(): void {
+  const aedesEntry = createRequire(import.meta.url).resolve('aedes');
+  const writer = createRequire(aedesEntry)('mqtt-packet') as { writeToStream?: { cacheNumbers?: boolean } };
+  if (writer.writeToStream) writer.writeToStream.cacheNumbers = false;
 }
 
 /** Why a client was refused, for the log and for tests. */
@@ -186,6 +199,7 @@ export class EmbeddedBroker {
   }
 
   static async start(opts: EmbeddedBrokerOptions): Promise<EmbeddedBroker> {
+    skipPacketIdCache();
     const aedes = await Aedes.createBroker({ id: 'devcloud-bridge' });
     const broker = new EmbeddedBroker(aedes, opts);
     broker.install();

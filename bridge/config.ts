@@ -104,8 +104,8 @@ export const BridgeConfigSchema = z
               .min(MAX_PACKET_BYTES)
               .max(16 * 1024 ** 3)
               .default(64 * 1024 * 1024),
-            hellosPerMinute: z.number().int().min(1).max(100_000).default(10),
-            disconnectAfter: z.number().int().min(1).max(1_000_000).default(50),
+            hellosPerMinute: z.number().int().min(1).max(100_000).default(5),
+            disconnectAfter: z.number().int().min(1).max(1_000_000).default(20),
             penaltyMs: z.number().int().min(0).max(86_400_000).default(60_000),
           })
           .strict()

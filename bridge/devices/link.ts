@@ -114,6 +114,44 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
   }
 }
 
+const yielding = new WeakSet<object>();
+
+/** What {@link yieldBetweenReads} reaches of a TCP socket's handle (libuv's read start and stop). */
+interface ReadHandle {
+  readStart(): number;
+  readStop(): number;
+  /** `false` once Node itself stopped reading (backpressure): Node starts it again then, not this. */
+  reading?: boolean;
+}
+
+/**
+ * Lets the event loop serve everything else between two reads from the broker. The MQTT client parses and
+ * handles all of a read (up to 64 KiB, a few hundred small messages) before it returns, and Node reads a socket
+ * again and again, up to 32 times, while data waits: a burst one device made (thousands of messages the broker
+ * passes on before the limits cut the device off) would otherwise be parsed, and dropped, in one stretch of
+ * hundreds of ms, with every HTTP request waiting behind it. Reading stops after each read and starts again on
+ * the next turn of the event loop. (`pause()` would not do: the client's pipe resumes the socket as soon as the
+ * read is handled.) A socket without such a handle (another transport) is read as it comes.
+ */
+function yieldBetweenReads(stream: Partial<Socket> | undefined): void {
+  const handle = (stream as { _handle?: Partial<ReadHandle> | null } | undefined)?._handle;
+  if (!stream?.on || !handle || typeof handle.readStop !== 'function' || typeof handle.readStart !== 'function') return;
+  if (yielding.has(stream)) return;
+  yielding.add(stream);
+  const h = handle as ReadHandle;
+  const socket = stream as Socket;
+  let stopped = false;
+  socket.on('data', () => {
+    if (stopped) return;
+    stopped = true;
+    h.readStop();
+    setImmediate(() => {
+      stopped = false;
+      if (!socket.destroyed && h.reading !== false) h.readStart();
+    });
+  });
+}
+
 /** The bridge's link to its devices, through whichever broker. */
 export type Link = LinkBase;
 
@@ -157,7 +195,9 @@ export class DeviceLink extends LinkBase {
       });
     });
     client.on('connect', (connack) => {
-      (client.stream as Partial<Socket> | undefined)?.setNoDelay?.(true);
+      const stream = client.stream as Partial<Socket> | undefined;
+      stream?.setNoDelay?.(true);
+      yieldBetweenReads(stream);
       // A persistent session keeps its subscriptions; subscribing again is harmless and covers a broker that lost it.
       client.subscribe([...ALL_DEVICES_UP_FILTERS], { qos: 1 }, (err, granted) => {
         if (err || granted?.some((g) => g.qos === 128)) {

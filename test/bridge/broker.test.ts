@@ -1,8 +1,9 @@
 import { randomBytes, randomUUID } from 'node:crypto';
+import { createRequire } from 'node:module';
 import mqtt, { type MqttClient } from 'mqtt';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { EmbeddedBroker, MemoryCredentials, hashSecret } from '../../bridge/broker.js';
-import { topicFor } from '../../protocol/index.js';
+import { downFilter, topicFor } from '../../protocol/index.js';
 import { LogSink } from '../support/agent.js';
 import { createLogger } from '../../lib/log.js';
 
@@ -142,5 +143,17 @@ describe('embedded broker: enrolment and topic isolation', () => {
     await cd.publishAsync(topicFor(d.id, 'up/meta'), '{}', { qos: 1 });
     expect(await seen).toBe(topicFor(d.id, 'up/meta'));
     expect(bridge.connected).toBe(true);
+  });
+
+  it('writes packet identifiers without building a cache of 65,536 buffers on the first connection', async () => {
+    // The copy of mqtt-packet aedes writes with; its cache is filled on the first packet written when it is on.
+    const fromAedes = createRequire(createRequire(import.meta.url).resolve('aedes'));
+    const numbers = fromAedes('mqtt-packet/numbers.js') as { cache: Record<number, Buffer> };
+    const d = device();
+    const c = await connect(broker.url, d.id, d.id, d.secret);
+    clients.push(c);
+    await c.subscribeAsync(downFilter(d.id), { qos: 1 });
+    await c.publishAsync(topicFor(d.id, 'up/meta'), '{}', { qos: 1 });
+    expect(Object.keys(numbers.cache)).toHaveLength(0);
   });
 });
