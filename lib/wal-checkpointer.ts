@@ -3,7 +3,9 @@
  * commit that crosses `wal_autocheckpoint` pages: it copies the whole log into the database and syncs both files,
  * tens of ms during which the process answers nothing. Here the connection's automatic checkpoint is off and a
  * worker thread with its own connection runs a `PASSIVE` checkpoint whenever the log has grown past as many pages:
- * it takes no lock a writer or reader waits for, so requests go on while the log is copied and synced.
+ * it takes no lock a writer or reader waits for, so requests go on while the log is copied and synced. Bulk
+ * writers look at `busy` and wait for the end of a checkpoint: while it syncs the disk, the file system may hold
+ * up a write to the log (ext4 makes an append wait for the journal commit that an fsync forces).
  *
  * Should the worker fail or exit, the connection's automatic checkpoint is turned on again.
  */
@@ -35,6 +37,7 @@ const timer = setInterval(() => {
   let size = 0;
   try { size = statSync(workerData.path + '-wal').size; } catch { return; }
   if (size < limit) return;
+  Atomics.store(workerData.state, 1, 1);
   try {
     db.pragma('wal_checkpoint(PASSIVE)');
     failing = false;
@@ -42,6 +45,8 @@ const timer = setInterval(() => {
     // Once per run of failures (a full disk fails every look until space returns).
     if (!failing) parentPort.postMessage(String(err));
     failing = true;
+  } finally {
+    Atomics.store(workerData.state, 1, 0);
   }
 }, workerData.everyMs);
 parentPort.on('message', () => {
@@ -59,7 +64,8 @@ const CLOSE_WAIT_MS = 10_000;
 
 export class WalCheckpointer {
   private readonly worker: Worker;
-  private readonly state = new Int32Array(new SharedArrayBuffer(4));
+  /** [0]: the worker closed its connection; [1]: a checkpoint is under way. */
+  private readonly state = new Int32Array(new SharedArrayBuffer(8));
   private stopped = false;
   readonly pages: number;
 
@@ -81,6 +87,14 @@ export class WalCheckpointer {
       this.fallBack();
     });
     this.worker.on('exit', () => this.fallBack());
+  }
+
+  /**
+   * Whether a checkpoint is under way. While it syncs the disk, the file system may hold up writes to the log, so
+   * that bulk writers (the history retention) wait for it to end rather than meet it with a commit.
+   */
+  get busy(): boolean {
+    return !this.stopped && Atomics.load(this.state, 1) === 1;
   }
 
   /** The worker is gone: SQLite checkpoints by itself again. */

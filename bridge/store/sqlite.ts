@@ -240,6 +240,10 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     return this.commit.storage;
   }
 
+  get checkpointing(): boolean {
+    return this.checkpointer?.busy ?? false;
+  }
+
   databaseSize(): { bytes: number; freeBytes: number } {
     const pages = this.s.pageCount.get() ?? 0;
     const free = this.s.freePages.get() ?? 0;
