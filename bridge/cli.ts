@@ -299,7 +299,7 @@ export async function startBridge(
   config: BridgeConfig,
   log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } }),
 ): Promise<RunningBridge> {
-  const store = new SqliteStore(config.dataDir, log);
+  const store = new SqliteStore(config.dataDir, log, { backgroundCheckpoints: true });
   const defaultFrontend = ensureDefaultFrontend(store, Date.now());
   const hasher = hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);

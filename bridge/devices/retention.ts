@@ -2,12 +2,16 @@
  * History retention (docs/api.md, "History"): entries older than `maxAgeDays`, and each variable's entries beyond
  * its newest `maxPerVariable`, are removed in the background.
  *
- * A pass runs at start and then every `everyMs`. It works in batches of at most `batchRows` removed rows, each its
- * own transaction, and after each batch that leaves more to do it pauses `pauseFactor` times as long as the batch
- * took (at least a turn of the event loop): a request waits at most one batch, and the retention takes at most
- * `1 / (1 + pauseFactor)` of the process's time however large the backlog. The age limit walks the `history_time` index from the oldest entry. The count limit looks only at
- * the variables whose history grew since the last pass (the device store keeps that set in memory); the first pass
- * after start, and a pass after more variables grew than that set holds, look at every variable instead.
+ * A pass runs at start and then every `everyMs`. It works in batches, each its own transaction, and after each
+ * batch that leaves more to do it pauses `pauseFactor` times as long as the batch took (at least a turn of the
+ * event loop): a request waits at most one batch, and the retention takes at most `1 / (1 + pauseFactor)` of the
+ * process's time however large the backlog. A batch is time-boxed: what a batch costs depends less on its rows
+ * than on the pages they sit on (entries removed by age belong to many variables, each on its own page of the
+ * `history_var` index), so the rows of the next batch follow from what the last one took, aiming at `batchMs`,
+ * between `MIN_BATCH_ROWS` and `batchRows`. The age limit walks the `history_time` index from the oldest entry.
+ * The count limit looks only at the variables whose history grew since the last pass (the device store keeps that
+ * set in memory); the first pass after start, and a pass after more variables grew than that set holds, look at
+ * every variable instead.
  */
 import type { Logger } from '../../lib/log.js';
 import type { BridgeStore } from '../store/types.js';
@@ -21,8 +25,10 @@ export interface RetentionOptions {
   maxAgeDays: number;
   /** Each variable keeps its newest this many entries; 0: no limit. */
   maxPerVariable: number;
-  /** Rows removed per batch (one transaction). */
+  /** Rows removed per batch (one transaction), at most. */
   batchRows?: number;
+  /** The time a batch aims at, ms: the next batch removes fewer rows than `batchRows` if the last took longer. */
+  batchMs?: number;
   /** Variables looked at per batch, at most. */
   batchVariables?: number;
   /** The pause after a batch, as a multiple of the time the batch took. */
@@ -39,8 +45,14 @@ export interface PassResult {
 }
 
 const DAY_MS = 86_400_000;
+/** The fewest rows a batch removes, however long the last one took. */
+export const MIN_BATCH_ROWS = 10;
 
 const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+/** How often a batch waiting for a checkpoint's end looks again, and how long it waits at most, ms. */
+const CHECKPOINT_POLL_MS = 2;
+const CHECKPOINT_WAIT_MS = 5_000;
 
 export class HistoryRetention {
   private timer: NodeJS.Timeout | undefined;
@@ -49,22 +61,43 @@ export class HistoryRetention {
   /** Rows removed since start, by the limit that removed them (metrics). */
   readonly removed = { age: 0, count: 0 };
   readonly batchRows: number;
+  readonly batchMs: number;
   readonly batchVariables: number;
+  /** Rows the next batch removes at most: `batchRows`, or fewer after batches that took longer than `batchMs`. */
+  private rows: number;
   readonly pauseFactor: number;
   readonly everyMs: number;
 
   constructor(private readonly o: RetentionOptions) {
     this.batchRows = o.batchRows ?? 500;
+    this.batchMs = o.batchMs ?? 3;
+    this.rows = Math.max(MIN_BATCH_ROWS, Math.min(this.batchRows, 100));
     this.batchVariables = o.batchVariables ?? 100;
     this.pauseFactor = o.pauseFactor ?? 3;
     this.everyMs = o.everyMs ?? 300_000;
   }
 
-  /** Between two batches: a turn of the event loop, and a pause in proportion to what the batch took. */
+  /**
+   * After a batch of `rows` rows that began at `batchStart`: the size of the next batch, from the time this one
+   * took (at most twice as many rows as this one, so that one quick batch does not make the next a long one).
+   */
+  private fit(rows: number, batchStart: number): void {
+    const ms = Math.max(performance.now() - batchStart, 0.01);
+    const next = Math.min(rows * 2, Math.floor((rows * this.batchMs) / ms));
+    this.rows = Math.max(MIN_BATCH_ROWS, Math.min(this.batchRows, next));
+  }
+
+  /**
+   * Between two batches: a turn of the event loop, a pause in proportion to what the batch took, and the end of a
+   * WAL checkpoint under way (a batch's commit would meet its sync of the disk; docs/api.md, "Retention").
+   */
   private async rest(batchStart: number): Promise<void> {
     await nextTurn();
     const ms = (performance.now() - batchStart) * this.pauseFactor;
-    if (ms >= 1) await new Promise((resolve) => setTimeout(resolve, ms));
+    if (ms >= 1) await sleep(ms);
+    const since = performance.now();
+    while (this.o.store.checkpointing && !this.stopped && performance.now() - since < CHECKPOINT_WAIT_MS)
+      await sleep(CHECKPOINT_POLL_MS);
   }
 
   /** Whether any limit is set. */
@@ -116,11 +149,13 @@ export class HistoryRetention {
       for (;;) {
         if (this.stopped) break;
         const t = performance.now();
-        const n = await store.write(() => store.devices.pruneHistory(before, this.batchRows), { durable: false });
+        const rows = this.rows;
+        const n = await store.write(() => store.devices.pruneHistory(before, rows), { durable: false });
         r.byAge += n;
         this.removed.age += n;
         r.batches++;
-        if (n < this.batchRows) break;
+        if (n < rows) break;
+        this.fit(rows, t);
         await this.rest(t);
       }
     }
@@ -131,7 +166,7 @@ export class HistoryRetention {
 
   /**
    * The count limit, variable by variable: from the set of those that grew, or by a walk over every variable in
-   * key order. A batch looks at up to `batchVariables` variables and removes up to `batchRows` rows; a variable
+   * key order. A batch looks at up to `batchVariables` variables and removes up to its rows (see `fit`); a variable
    * with more to remove than a batch takes stays first in line for the next.
    */
   private async pruneByCount(r: PassResult): Promise<void> {
@@ -153,9 +188,10 @@ export class HistoryRetention {
       if (at === queue.length) return;
       const batch = queue.slice(at, at + this.batchVariables);
       const t = performance.now();
+      const rows = this.rows;
       const { removed, done } = await store.write(
         () => {
-          let left = this.batchRows;
+          let left = rows;
           let done = 0;
           for (const key of batch) {
             left -= store.devices.pruneVariableHistory(key, keep, left);
@@ -163,7 +199,7 @@ export class HistoryRetention {
             if (left === 0) break;
             done++;
           }
-          return { removed: this.batchRows - left, done };
+          return { removed: rows - left, done };
         },
         { durable: false },
       );
@@ -171,6 +207,7 @@ export class HistoryRetention {
       r.byCount += removed;
       this.removed.count += removed;
       r.batches++;
+      this.fit(rows, t);
       if (at < queue.length || walking) await this.rest(t);
     }
   }

@@ -3,6 +3,7 @@ import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
 import { type Db, GroupCommitter, type Migration, type StorageState, openDatabase } from '../../lib/sqlite.js';
+import { WalCheckpointer } from '../../lib/wal-checkpointer.js';
 import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
@@ -164,11 +165,21 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
   private readonly sessionsOfUser = new Map<number, Set<string>>();
 
   private readonly path: string;
+  private readonly checkpointer: WalCheckpointer | undefined;
 
-  /** `log` gets one line when writes start failing for lack of space and one when they work again. */
-  constructor(dataDir: string, log?: Logger) {
+  /**
+   * `log` gets one line when writes start failing for lack of space and one when they work again. With
+   * `backgroundCheckpoints` (the running bridge), WAL checkpoints run in a worker thread instead of inside a
+   * commit on the event loop (lib/wal-checkpointer.ts).
+   */
+  constructor(dataDir: string, log?: Logger, options: { backgroundCheckpoints?: boolean } = {}) {
     this.path = join(dataDir, 'bridge.db');
     this.db = openDatabase(this.path, BRIDGE_MIGRATIONS);
+    if (options.backgroundCheckpoints === true) {
+      this.checkpointer = new WalCheckpointer(this.db, {
+        onError: (err) => log?.warn({ event: 'storage.checkpoint_failed', err }),
+      });
+    }
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log?.error({ event: 'storage.full', dataDir, err: String(err) });
@@ -227,6 +238,10 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
 
   get storage(): StorageState {
     return this.commit.storage;
+  }
+
+  get checkpointing(): boolean {
+    return this.checkpointer?.busy ?? false;
   }
 
   databaseSize(): { bytes: number; freeBytes: number } {
@@ -432,6 +447,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
 
   close(): void {
     this.commit.close();
+    this.checkpointer?.close();
     this.db.close();
   }
 }

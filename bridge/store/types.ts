@@ -101,6 +101,11 @@ export interface BridgeStore {
   write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;
   /** Whether the last writes failed for lack of space (`/healthz`). */
   readonly storage: StorageState;
+  /**
+   * Whether a WAL checkpoint runs in the background now (lib/wal-checkpointer.ts): bulk work (the history
+   * retention) waits for its end before its next write.
+   */
+  readonly checkpointing: boolean;
 
   /**
    * The database's size on disk, bytes: its pages and its write-ahead log; and of that, the pages free for reuse

@@ -7,10 +7,11 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { rmSync } from 'node:fs';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { HistoryRetention } from '../../bridge/devices/retention.js';
+import { HistoryRetention, MIN_BATCH_ROWS } from '../../bridge/devices/retention.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
 import { LogSink, tempDir } from '../support/agent.js';
+import { until } from '../support/wait.js';
 import { type HttpClient, type TestBridge, TestClock, startTestBridge } from '../support/bridge.js';
 
 const DAY = 86_400_000;
@@ -159,7 +160,10 @@ describe('the pruner', () => {
     return { dir, store };
   }
 
-  function retention(store: SqliteStore, o: { maxAgeDays?: number; maxPerVariable?: number; batchRows?: number }) {
+  function retention(
+    store: SqliteStore,
+    o: { maxAgeDays?: number; maxPerVariable?: number; batchRows?: number; batchMs?: number },
+  ) {
     const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: new LogSink() });
     return new HistoryRetention({
       store,
@@ -168,6 +172,8 @@ describe('the pruner', () => {
       maxAgeDays: o.maxAgeDays ?? 0,
       maxPerVariable: o.maxPerVariable ?? 0,
       batchRows: o.batchRows ?? 2000,
+      // Unless a test says otherwise, batches are as large as batchRows allows.
+      batchMs: o.batchMs ?? 60_000,
     });
   }
 
@@ -212,7 +218,8 @@ describe('the pruner', () => {
     }
     const result = await pass;
     for (const c of age.mock.results) removedPerWrite.push(c.value as number);
-    expect(age.mock.calls.every((c) => c[1] === 250)).toBe(true);
+    expect(age.mock.calls.every((c) => c[1] <= 250)).toBe(true);
+    expect(age.mock.calls.at(-2)![1]).toBe(250);
     expect(count.mock.calls.every((c) => c[2] <= 250)).toBe(true);
     expect(Math.max(...removedPerWrite)).toBeLessThanOrEqual(250);
     expect(result.byAge).toBe(3000);
@@ -225,6 +232,51 @@ describe('the pruner', () => {
     expect(rows(store, D, 'busy')).toBe(10);
     expect(rows(store, D, 'small7')).toBe(10);
     expect(store.devices.history(D, 'd', 'busy', 1)[0]!.value!.toString()).toBe('busy 2599');
+  });
+
+  it('shrinks its batches to what fits in batchMs, and no further than MIN_BATCH_ROWS', async () => {
+    const { store } = open();
+    const end = Date.UTC(2030, 0, 1);
+    const D = randomUUID();
+    await grow(store, D, 'old', 600, end - 10 * DAY);
+    // No batch fits in a nanosecond: after the first, each removes the fewest rows.
+    const tight = retention(store, { maxAgeDays: 5, batchRows: 250, batchMs: 1e-6 });
+    const age = vi.spyOn(store.devices, 'pruneHistory');
+    expect(await tight.pass()).toMatchObject({ byAge: 600 });
+    const sizes = age.mock.calls.map((c) => c[1]);
+    expect(sizes.slice(1).every((n) => n === MIN_BATCH_ROWS)).toBe(true);
+    expect(sizes.length).toBeGreaterThanOrEqual((600 - sizes[0]!) / MIN_BATCH_ROWS);
+    expect(rows(store, D, 'old')).toBe(0);
+
+    // Every batch fits: they grow to batchRows, at most doubling from one to the next.
+    await grow(store, D, 'old', 2000, end - 10 * DAY);
+    age.mockClear();
+    const loose = retention(store, { maxAgeDays: 5, batchRows: 250, batchMs: 60_000 });
+    expect(await loose.pass()).toMatchObject({ byAge: 2000 });
+    const grown = age.mock.calls.map((c) => c[1]);
+    for (let i = 1; i < grown.length; i++) expect(grown[i]).toBe(Math.min(250, grown[i - 1]! * 2));
+    expect(grown.at(-1)).toBe(250);
+  });
+
+  it('waits for the end of a WAL checkpoint under way before its next batch', async () => {
+    const { store } = open();
+    const end = Date.UTC(2030, 0, 1);
+    const D = randomUUID();
+    await grow(store, D, 'old', 1000, end - 10 * DAY);
+    let checkpointing = true;
+    vi.spyOn(store, 'checkpointing', 'get').mockImplementation(() => checkpointing);
+    const age = vi.spyOn(store.devices, 'pruneHistory');
+    const r = retention(store, { maxAgeDays: 5, batchRows: 100 });
+    let done = false;
+    const pass = r.pass().finally(() => (done = true));
+    await until(() => age.mock.calls.length > 0, 'the first batch');
+    // While the checkpoint runs, no further batch starts.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(age.mock.calls.length).toBe(1);
+    expect(done).toBe(false);
+    checkpointing = false;
+    expect(await pass).toMatchObject({ byAge: 1000 });
+    expect(age.mock.calls.length).toBeGreaterThan(1);
   });
 
   it('after a restart, its first pass finds every variable over the limit', async () => {
