@@ -41,7 +41,10 @@ function groupOf(pid: number): number | undefined {
  */
 export function groupSurvives(pgid: number, startTicks: number): boolean {
   const leader = processStartTicks(pgid);
-  if (leader !== null) return leader === startTicks && groupOf(pgid) === pgid;
+  // Another process under that pid: the group was empty when the pid was given again.
+  if (leader !== null && leader !== startTicks) return false;
+  if (leader !== null && groupOf(pgid) === pgid) return true;
+  // The leader is gone, or a zombie nobody reaps (an init that does not, in a container): its members may live on.
   let entries: string[];
   try {
     entries = readdirSync('/proc');
