@@ -68,6 +68,8 @@ describe('status and queue on a seeded state directory', () => {
       const c = a.agent.queue.counts();
       return c.done === 1 && c.failed === 1;
     }, 'both commands finished');
+    // The cloud's answer to the hello carries its clock; the status below shows it learnt.
+    await until(() => a.agent.clock.status().source === 'cloud', "the cloud's clock learnt");
     await cloud.close();
     await broker.stop();
     await until(() => !a.agent.uplink.connected, 'the agent saw the broker go');
