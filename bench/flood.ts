@@ -11,8 +11,9 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { encode, messageId, topicFor } from '../protocol/index.js';
+import { encode, topicFor } from '../protocol/index.js';
 import { startMosquitto } from '../test/support/brokers.js';
+import { helloMessage } from '../test/support/mqtt-device.js';
 import { type RawClient, publishPacket, rawConnect } from '../test/support/raw-mqtt.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
@@ -81,18 +82,7 @@ function options(args: string[]): Options {
 }
 
 function hello(deviceId: string): Buffer {
-  return encode('up/hello', {
-    id: messageId(),
-    protocol: 1,
-    deviceId,
-    authcode: randomBytes(16).toString('hex'),
-    platform: 'flood',
-    agentVersion: '0.0.0',
-    fwVersion: '0',
-    mode: 'master',
-    bootTime: Date.now(),
-    ts: Date.now(),
-  });
+  return encode('up/hello', helloMessage(deviceId));
 }
 
 /**

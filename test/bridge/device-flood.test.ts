@@ -8,28 +8,18 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { BridgeConfigSchema } from '../../bridge/config.js';
 import { DeviceRateLimiter } from '../../bridge/devices/ratelimit.js';
 import { createLogger } from '../../lib/log.js';
-import { encode, messageId, topicFor } from '../../protocol/index.js';
+import { encode, topicFor } from '../../protocol/index.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type TestBroker, startMosquitto } from '../support/brokers.js';
 import { type RawClient, publishPacket, rawConnect } from '../support/raw-mqtt.js';
+import { helloMessage } from '../support/mqtt-device.js';
 import { until } from '../support/wait.js';
 
 const FLOOD = 3000;
 const HELLOS_PER_MINUTE = 5;
 
 function hello(deviceId: string): Buffer {
-  return encode('up/hello', {
-    id: messageId(),
-    protocol: 1,
-    deviceId,
-    authcode: randomBytes(16).toString('hex'),
-    platform: 'flood',
-    agentVersion: '0.0.0',
-    fwVersion: '0',
-    mode: 'master',
-    bootTime: Date.now(),
-    ts: Date.now(),
-  });
+  return encode('up/hello', helloMessage(deviceId));
 }
 
 /** 3,000 hellos in one write, as fast as TCP takes them. */

@@ -8,6 +8,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import mqtt, { type MqttClient } from 'mqtt';
 import {
   type Decoded,
+  type HelloMessage,
   type VarItem,
   ackFor,
   decode,
@@ -16,6 +17,22 @@ import {
   messageId,
   topicFor,
 } from '../../protocol/index.js';
+
+/** A device's hello as a test device sends it: a fresh authcode unless one is given. */
+export function helloMessage(deviceId: string, authcode = randomBytes(16).toString('hex')): HelloMessage {
+  return {
+    id: messageId(),
+    protocol: 1,
+    deviceId,
+    authcode,
+    platform: 'test-board',
+    agentVersion: '0.0.1',
+    fwVersion: '1.0',
+    mode: 'master',
+    bootTime: Date.now(),
+    ts: Date.now(),
+  };
+}
 
 export interface MqttDevice {
   readonly id: string;
@@ -43,22 +60,7 @@ export async function connectMqttDevice(
     if (topic === topicFor(id, 'down/vars')) onVars(decode('down/vars', payload), payload);
   });
   await client.subscribeAsync(downFilter(id), { qos: 1 });
-  await client.publishAsync(
-    topicFor(id, 'up/hello'),
-    encode('up/hello', {
-      id: messageId(),
-      protocol: 1,
-      deviceId: id,
-      authcode,
-      platform: 'test-board',
-      agentVersion: '0.0.1',
-      fwVersion: '1.0',
-      mode: 'master',
-      bootTime: Date.now(),
-      ts: Date.now(),
-    }),
-    { qos: 1 },
-  );
+  await client.publishAsync(topicFor(id, 'up/hello'), encode('up/hello', helloMessage(id, authcode)), { qos: 1 });
   return {
     id,
     authcode,
