@@ -5,7 +5,7 @@ import { chmodSync, existsSync, readFileSync, rmSync, writeFileSync } from 'node
 import { type Server, createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
 import { healthCheck } from '../../agent/fw/health.js';
 import { tempDir } from '../support/agent.js';
 
@@ -190,11 +190,22 @@ describe('a health URL', () => {
       res.end();
     });
     const controller = new AbortController();
-    const pending = healthCheck({ url, timeoutMs: 2000, retries: 3, intervalMs: 60_000, signal: controller.signal });
-    await until(() => hits === 1);
-    controller.abort();
-    const result = await pending;
-    expect(result).toMatchObject({ healthy: false, attempts: 1, aborted: true });
-    if (!result.healthy) expect(result.reason).toContain('HTTP 500');
+    // The pause before the second attempt is a 60 s timer, set once the first attempt has its answer: the abort
+    // waits for it, so that it cuts the pause and not the first request (the server's hit comes before the
+    // client has read the answer).
+    const timers = vi.spyOn(globalThis, 'setTimeout');
+    try {
+      const pending = healthCheck({ url, timeoutMs: 2000, retries: 3, intervalMs: 60_000, signal: controller.signal });
+      await until(() => timers.mock.calls.some((call) => call[1] === 60_000));
+      const abortedAt = Date.now();
+      controller.abort();
+      const result = await pending;
+      expect(Date.now() - abortedAt).toBeLessThan(5000);
+      expect(hits).toBe(1);
+      expect(result).toMatchObject({ healthy: false, attempts: 1, aborted: true });
+      if (!result.healthy) expect(result.reason).toContain('HTTP 500');
+    } finally {
+      timers.mockRestore();
+    }
   });
 });
