@@ -7,9 +7,9 @@
  * - `deadleaf`: wakes every `d` variable `deadleaf` seconds (default 300), syncs, and sleeps; while asleep the
  *   retained `state` is `sleeping`.
  */
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { type Logger, type LogLevel, recentProblems } from '../lib/log.js';
+import { type RunInGroup, runInGroup } from '../lib/process.js';
 import { type Db, GroupCommitter, freeBytes, openDatabase } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
@@ -51,6 +51,11 @@ export interface AgentDeps {
    * its service manager starts it again.
    */
   onRestart?: () => void;
+  /**
+   * What runs every child process the agent waits on (handlers, the change hook, the reboot command, the
+   * firmware's installers and checks); `runInGroup` when not given, for tests.
+   */
+  run?: RunInGroup;
 }
 
 /** The exit status of a restart asked for by the `restart` command (EX_TEMPFAIL: "try again"). */
@@ -93,6 +98,7 @@ export class Agent {
     boot: string | undefined,
     env: NodeJS.ProcessEnv,
     private readonly onRestart: () => void,
+    private readonly run: RunInGroup,
   ) {
     const { identity, source } = loadIdentity(config.stateDir, config.identity.provisioningFile);
     this.identity = identity;
@@ -164,6 +170,7 @@ export class Agent {
       },
       log,
       now,
+      run,
     });
     this.commands = new CommandRunner({
       queue: this.queue,
@@ -192,6 +199,7 @@ export class Agent {
       allowReboot: cmd.allowReboot,
       env: { DEVCLOUD_DEVICE_ID: identity.deviceId },
       keepMs: cmd.keepDays * 86_400_000,
+      run,
     });
     this.reporter = new HeardReporter(this.uplink, config.udp.maxAgeMs, now);
     this.report = new MetaReporter({
@@ -238,6 +246,7 @@ export class Agent {
         origins: config.hooks.origins,
         timeoutMs: config.hooks.timeoutMs,
         log,
+        run,
       });
     }
     this.wire();
@@ -254,6 +263,7 @@ export class Agent {
       'bootId' in deps ? deps.bootId : bootId(),
       deps.env ?? process.env,
       deps.onRestart ?? (() => process.exit(RESTART_EXIT_CODE)),
+      deps.run ?? runInGroup,
     );
     try {
       await agent.local.start();
@@ -412,21 +422,25 @@ export class Agent {
   }
 
   /** The `reboot` command: runs the configured reboot command; the gateway going down is its success. */
-  private reboot(): Promise<Outcome> {
+  private async reboot(): Promise<Outcome> {
     const [file, ...args] = this.config.commands.rebootCommand;
     this.log.warn({ event: 'cmd.reboot', command: this.config.commands.rebootCommand.join(' ') });
-    return new Promise<Outcome>((resolve) => {
-      const child = spawn(file!, args, { stdio: 'ignore' });
-      child.on('error', (err) => resolve({ state: 'failed', reason: `cannot run the reboot command: ${err.message}` }));
-      child.on('exit', (code, signal) => {
-        if (code !== 0) {
-          resolve({ state: 'failed', exitCode: code, signal, reason: `the reboot command exited with status ${code}` });
-          return;
-        }
-        // The gateway is going down; were it still up in five minutes, the reboot did not happen.
-        setTimeout(() => resolve({ state: 'failed', reason: 'the gateway did not reboot' }), 300_000).unref();
-      });
-    });
+    // In a process group of its own (runInGroup), with no timeout: it ends when the gateway goes down.
+    const r = await this.run({ file: file!, args });
+    if (r.kind === 'spawn-error')
+      return { state: 'failed', reason: `cannot run the reboot command: ${r.error.message}` };
+    if (r.code !== 0) {
+      return {
+        state: 'failed',
+        exitCode: r.code,
+        signal: r.signal,
+        reason: `the reboot command exited with status ${r.code}`,
+      };
+    }
+    // The gateway is going down; were it still up in five minutes, the reboot did not happen.
+    return new Promise<Outcome>((resolve) =>
+      setTimeout(() => resolve({ state: 'failed', reason: 'the gateway did not reboot' }), 300_000).unref(),
+    );
   }
 
   /** The `frmt` command: deletes every variable (tombstones, synchronised like any deletion). */

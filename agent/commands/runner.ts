@@ -17,11 +17,12 @@
  * `setpriv --pdeathsig KILL` where the system has it, and starts only once its process is recorded; at start the
  * agent kills a recorded group that survived (procs.ts).
  */
-import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { Writable } from 'node:stream';
 import type { Logger } from '../../lib/log.js';
+import { type RunInGroup, runInGroup } from '../../lib/process.js';
 import type { GroupCommitter } from '../../lib/sqlite.js';
 import { type CmdMessage, type CmdStatusMessage, MAX_OUTPUT_BYTES, messageId } from '../../protocol/index.js';
 import { type Launcher, findLauncher, groupSurvives, killGroup, processStartTicks } from './procs.js';
@@ -31,6 +32,9 @@ import { type Outcome, type QueuedCommand, type CommandQueue, isFinal } from './
 const HANDLER_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
 export const BUILTINS = ['ping', 'idfy', 'reboot', 'restart', 'frmt'] as const;
 type Builtin = (typeof BUILTINS)[number];
+
+/** Between the SIGTERM a handler's group gets at its timeout and the SIGKILL (docs/agent.md, the command runner). */
+const KILL_GRACE_MS = 2000;
 
 /** The built-ins that end the agent (or the gateway) while they run. */
 const RESTARTING: ReadonlySet<string> = new Set(['reboot', 'restart']);
@@ -73,6 +77,8 @@ export interface RunnerOptions {
   keepMs: number;
   /** How handlers are launched; found on the system when not given. */
   launcher?: Launcher;
+  /** What runs a handler's process; `runInGroup` when not given (a test may give another). */
+  run?: RunInGroup;
 }
 
 /** Splits a command into its words (ASCII whitespace). */
@@ -97,9 +103,11 @@ export class CommandRunner {
   private reporting = false;
   readonly counters = { received: 0, duplicates: 0, ran: 0, failed: 0, expired: 0 };
   readonly launcher: Launcher;
+  private readonly runProcess: RunInGroup;
 
   constructor(private readonly o: RunnerOptions) {
     this.launcher = o.launcher ?? findLauncher();
+    this.runProcess = o.run ?? runInGroup;
   }
 
   /**
@@ -427,86 +435,65 @@ export class CommandRunner {
     return new Promise((resolve) => setTimeout(resolve, 200).unref());
   }
 
-  private spawnHandler(c: QueuedCommand, file: string, args: string[], handle: { kill(): void }): Promise<Outcome> {
+  private async spawnHandler(
+    c: QueuedCommand,
+    file: string,
+    args: string[],
+    handle: { kill(): void },
+  ): Promise<Outcome> {
     const limit = Math.min(this.o.outputBytes, MAX_OUTPUT_BYTES);
-    const launcher = this.launcher;
-    return new Promise<Outcome>((resolve) => {
-      const child = spawn(launcher.file, [...launcher.args, file, ...args], {
-        cwd: this.o.commandsDir,
-        // A clean environment: what a handler may rely on, nothing of the agent's own.
-        env: {
-          PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
-          LANG: 'C.UTF-8',
-          DEVCLOUD_COMMAND_ID: c.id,
-          DEVCLOUD_COMMAND64: c.command.toString('base64'),
-          DEVCLOUD_COMMAND_PRIORITY: String(c.priority),
-          ...this.o.env,
-        },
-        stdio: ['pipe', 'pipe', 'pipe'],
-        // Its own process group, so that a timeout stops what it started too, and a crash can be cleaned up.
-        detached: true,
-      });
-      let kept = Buffer.alloc(0);
-      let total = 0;
-      const collect = (chunk: Buffer) => {
-        total += chunk.length;
-        kept = Buffer.concat([kept, chunk]);
-        if (kept.length > limit * 2) kept = kept.subarray(kept.length - limit);
-      };
-      child.stdout.on('data', collect);
-      child.stderr.on('data', collect);
-      child.stdin.on('error', () => undefined);
-      // The launcher waits for one line before it executes the handler: the line goes once the process is
-      // recorded on disk, so after a crash a command with no recorded process certainly never started.
-      const pid = child.pid;
-      if (pid !== undefined) {
-        const pidStart = processStartTicks(pid);
-        this.o.commit
-          .run(() => this.o.queue.launched(c.id, pid, pidStart))
-          .then(
-            () => {
-              child.stdin.write('\n');
-              child.stdin.end(c.command);
-            },
-            (err: unknown) => {
-              this.o.log.error({ event: 'cmd.launch_failed', cmd: c.id, err: String(err) });
-              child.stdin.destroy();
-            },
-          );
-      }
-      let timedOut = false;
-      const killGroup = (signal: NodeJS.Signals) => {
-        try {
-          if (child.pid !== undefined) process.kill(-child.pid, signal);
-        } catch {
-          // Already gone.
-        }
-      };
-      let graceTimer: NodeJS.Timeout | undefined;
-      const timer = setTimeout(() => {
-        timedOut = true;
-        killGroup('SIGTERM');
-        graceTimer = setTimeout(() => killGroup('SIGKILL'), 2000);
-      }, this.o.timeoutMs);
-      handle.kill = () => killGroup('SIGKILL');
-      child.on('error', (err) => {
-        clearTimeout(timer);
-        clearTimeout(graceTimer);
-        resolve({ state: 'failed', reason: `could not start the handler: ${err.message}` });
-      });
-      child.on('close', (code, signal) => {
-        clearTimeout(timer);
-        clearTimeout(graceTimer);
-        const tail = kept.length > limit ? kept.subarray(kept.length - limit) : kept;
-        const truncated = total > tail.length;
-        // The end of the output, cut at a character boundary.
-        const output = tail.toString('utf8').replace(/^\uFFFD+/, '');
-        const base = { exitCode: code, signal, output, truncated };
-        if (timedOut) resolve({ ...base, state: 'failed', reason: `timed out after ${this.o.timeoutMs} ms` });
-        else if (code === 0) resolve({ ...base, state: 'done' });
-        else if (signal !== null) resolve({ ...base, state: 'failed', reason: `killed by ${signal}` });
-        else resolve({ ...base, state: 'failed', reason: `exited with status ${code}` });
-      });
+    const stop = new AbortController();
+    handle.kill = () => stop.abort();
+    const r = await this.runProcess({
+      file,
+      args,
+      launcher: this.launcher,
+      cwd: this.o.commandsDir,
+      // A clean environment: what a handler may rely on, nothing of the agent's own.
+      env: {
+        PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+        LANG: 'C.UTF-8',
+        DEVCLOUD_COMMAND_ID: c.id,
+        DEVCLOUD_COMMAND64: c.command.toString('base64'),
+        DEVCLOUD_COMMAND_PRIORITY: String(c.priority),
+        ...this.o.env,
+      },
+      stdin: 'pipe',
+      // stdout and stderr together, in the order they come; the end of it is kept.
+      stdout: { maxBytes: limit, keep: 'tail' },
+      stderr: 'stdout',
+      // In its own process group (runInGroup), so that a timeout stops what it started too, and a crash can be
+      // cleaned up: SIGTERM to the group at the timeout, SIGKILL after the grace; SIGKILL at once when stopped.
+      timeoutMs: this.o.timeoutMs,
+      graceMs: KILL_GRACE_MS,
+      signal: stop.signal,
+      onSpawn: ({ pid, stdin }) => this.launched(c, pid, stdin!),
     });
+    if (r.kind === 'spawn-error') return { state: 'failed', reason: `could not start the handler: ${r.error.message}` };
+    const base = { exitCode: r.code, signal: r.signal, output: r.stdout.text, truncated: r.stdout.truncated };
+    if (r.timedOut) return { ...base, state: 'failed', reason: `timed out after ${this.o.timeoutMs} ms` };
+    if (r.code === 0) return { ...base, state: 'done' };
+    if (r.signal !== null) return { ...base, state: 'failed', reason: `killed by ${r.signal}` };
+    return { ...base, state: 'failed', reason: `exited with status ${r.code}` };
+  }
+
+  /**
+   * The launcher waits for one line before it executes the handler: the line goes once the process is recorded on
+   * disk, so after a crash a command with no recorded process certainly never started.
+   */
+  private launched(c: QueuedCommand, pid: number, stdin: Writable): void {
+    const pidStart = processStartTicks(pid);
+    this.o.commit
+      .run(() => this.o.queue.launched(c.id, pid, pidStart))
+      .then(
+        () => {
+          stdin.write('\n');
+          stdin.end(c.command);
+        },
+        (err: unknown) => {
+          this.o.log.error({ event: 'cmd.launch_failed', cmd: c.id, err: String(err) });
+          stdin.destroy();
+        },
+      );
   }
 }

@@ -4,7 +4,7 @@
  * healthy when a GET answers 2xx. Each attempt has a time limit; a failed attempt is repeated after an interval
  * up to `retries` times. The result carries a sentence for the job's error when the check does not pass.
  */
-import { spawn } from 'node:child_process';
+import { type RunInGroup, runInGroup } from '../../lib/process.js';
 
 interface HealthTiming {
   /** The longest one attempt may take; a command still running then is killed with its process group. */
@@ -15,6 +15,8 @@ interface HealthTiming {
   intervalMs: number;
   /** Stops the check: a running command is killed, a request dropped, and no further attempt is made. */
   signal?: AbortSignal;
+  /** What runs the command; `runInGroup` when not given (a test may give another). */
+  run?: RunInGroup;
 }
 
 export type HealthCheckOptions = HealthTiming &
@@ -25,7 +27,7 @@ export type HealthResult =
 
 type Attempt = { ok: true } | { ok: false; reason: string };
 
-/** Bytes of a failing command's stderr quoted in the reason (its end). */
+/** Bytes of a failing command's stderr from which the reason quotes the last line (the end of it). */
 const STDERR_TAIL = 200;
 
 /** Runs the check until it passes, the retries are used up, or `signal` aborts it. Never rejects. */
@@ -59,62 +61,30 @@ function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
   });
 }
 
-function runCommand(command: readonly string[], opts: HealthTiming & { env?: NodeJS.ProcessEnv }): Promise<Attempt> {
+async function runCommand(
+  command: readonly string[],
+  opts: HealthTiming & { env?: NodeJS.ProcessEnv },
+): Promise<Attempt> {
   const [file, ...args] = command;
-  if (file === undefined) return Promise.resolve({ ok: false, reason: 'the health command is empty' });
-  const name = file;
-  return new Promise((resolve) => {
-    let stderr = '';
-    let stopped: 'timeout' | 'aborted' | undefined;
-    let settled = false;
-    const child = spawn(file, args, {
-      // Its own process group, so that a timeout stops whatever the check started too.
-      detached: true,
-      stdio: ['ignore', 'ignore', 'pipe'],
-      env: opts.env ?? process.env,
-    });
-    const finish = (attempt: Attempt): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      opts.signal?.removeEventListener('abort', onAbort);
-      child.stderr?.destroy();
-      resolve(attempt);
-    };
-    const killGroup = (why: 'timeout' | 'aborted'): void => {
-      stopped = why;
-      try {
-        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        // The group is already gone.
-      }
-    };
-    const onAbort = (): void => killGroup('aborted');
-    const timer = setTimeout(() => killGroup('timeout'), opts.timeoutMs);
-    opts.signal?.addEventListener('abort', onAbort, { once: true });
-    child.stderr?.setEncoding('utf8');
-    child.stderr?.on('data', (chunk: string) => {
-      stderr = (stderr + chunk).slice(-STDERR_TAIL);
-    });
-    child.once('error', (err) => {
-      finish({ ok: false, reason: `${name} could not be run (${(err as NodeJS.ErrnoException).code ?? err.message})` });
-    });
-    const onEnd = (code: number | null, sig: NodeJS.Signals | null): void => {
-      if (stopped === 'timeout') finish({ ok: false, reason: `${name} timed out after ${opts.timeoutMs} ms` });
-      else if (stopped === 'aborted') finish({ ok: false, reason: `${name} was stopped` });
-      else if (code === 0) finish({ ok: true });
-      else {
-        const said = stderr.trim().split('\n').pop()?.trim();
-        const how = code !== null ? `exited with status ${code}` : `was killed by ${sig ?? 'a signal'}`;
-        finish({ ok: false, reason: `${name} ${how}${said ? `: ${said}` : ''}` });
-      }
-    };
-    // `close` waits for stderr to drain; after a kill, `exit` is enough (a stray process may hold the pipe).
-    child.once('close', onEnd);
-    child.once('exit', (code, sig) => {
-      if (stopped !== undefined) onEnd(code, sig);
-    });
+  if (file === undefined) return { ok: false, reason: 'the health command is empty' };
+  // In its own process group (runInGroup), so that a timeout or an abort kills whatever the check started too,
+  // with SIGKILL at once.
+  const r = await (opts.run ?? runInGroup)({
+    file,
+    args,
+    env: opts.env ?? process.env,
+    stderr: { maxBytes: STDERR_TAIL, keep: 'tail' },
+    timeoutMs: opts.timeoutMs,
+    signal: opts.signal,
   });
+  if (r.kind === 'spawn-error')
+    return { ok: false, reason: `${file} could not be run (${r.error.code ?? r.error.message})` };
+  if (r.aborted) return { ok: false, reason: `${file} was stopped` };
+  if (r.timedOut) return { ok: false, reason: `${file} timed out after ${opts.timeoutMs} ms` };
+  if (r.code === 0) return { ok: true };
+  const said = r.stderr.text.trim().split('\n').pop()?.trim();
+  const how = r.code !== null ? `exited with status ${r.code}` : `was killed by ${r.signal ?? 'a signal'}`;
+  return { ok: false, reason: `${file} ${how}${said ? `: ${said}` : ''}` };
 }
 
 async function probeUrl(url: string, opts: HealthTiming): Promise<Attempt> {

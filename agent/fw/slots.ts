@@ -8,11 +8,11 @@
  *   D/current   -> a | b   (missing means `a`)
  *   D/previous  -> a | b   (the slot that was active before the last switch; what a rollback returns to)
  */
-import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chmod, lstat, mkdir, readFile, readdir, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
 import { isAbsolute, join, normalize, posix, resolve, sep } from 'node:path';
 import { fsyncPath } from '../../lib/fsutil.js';
+import { type OutputBound, type RunEnded, type RunInGroup, runInGroup } from '../../lib/process.js';
 import { z } from 'zod';
 
 export type SlotName = 'a' | 'b';
@@ -73,6 +73,8 @@ export interface InstallOptions {
   maxFiles?: number;
   /** The image's `tar -tv` listing, when it was made beforehand (`listInBackground`). */
   listing?: string;
+  /** What runs `tar` and the install script; `runInGroup` when not given (a test may give another). */
+  run?: RunInGroup;
 }
 
 export interface InstallResult {
@@ -174,73 +176,33 @@ export async function restoreSlot(dir: string, slot: SlotName): Promise<void> {
   await replaceLink(dir, 'current', slot);
 }
 
-export interface RunResult {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  timedOut: boolean;
-  stdout: string;
-  stderr: string;
-}
+/** What the installers keep of a program's stderr: its end, for the job error (which must stay short). */
+export const PROGRAM_STDERR: OutputBound = { maxBytes: OUTPUT_TAIL, keep: 'tail' };
 
-/**
- * Runs a program without a shell, in its own process group, so a timeout kills everything it started (a script
- * that forks `sleep` would otherwise keep the output pipes open after the script itself is gone).
- */
-export function runProgram(
-  file: string,
-  args: string[],
-  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs: number },
-): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(file, args, {
-      cwd: opts.cwd,
-      env: opts.env,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      detached: true,
-    });
-    let stdout = '';
-    let stderr = '';
-    let timedOut = false;
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => {
-      stderr = (stderr + s).slice(-OUTPUT_TAIL);
-    });
-    const timer = setTimeout(() => {
-      timedOut = true;
-      try {
-        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        child.kill('SIGKILL');
-      }
-    }, opts.timeoutMs);
-    child.once('error', (err) => {
-      clearTimeout(timer);
-      reject(err);
-    });
-    child.once('close', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ code, signal, timedOut, stdout, stderr });
-    });
-  });
-}
-
-export function describeExit(r: RunResult): string {
+/** How a program ended, for an error: its exit status or signal, then the end of its stderr. */
+export function describeExit(r: RunEnded): string {
   const how = r.code !== null ? `exit status ${r.code}` : `signal ${r.signal ?? 'unknown'}`;
-  const err = r.stderr.trim();
+  const err = r.stderr.text.trim();
   return err === '' ? how : `${how}: ${err}`;
 }
 
-async function runTar(args: string[], timeoutMs: number, what: string): Promise<string> {
-  let r: RunResult;
-  try {
-    r = await runProgram('tar', args, { timeoutMs, env: { ...process.env, LC_ALL: 'C' } });
-  } catch (err) {
-    throw new InstallError('unpack-failed', `cannot run tar to ${what}: ${String(err)}`);
+/** Runs `tar` (in its own process group: runInGroup) and resolves to its stdout, all of it. */
+async function runTar(args: string[], timeoutMs: number, what: string, run: RunInGroup): Promise<string> {
+  const r = await run({
+    file: 'tar',
+    args,
+    env: { ...process.env, LC_ALL: 'C' },
+    stdout: { maxBytes: Infinity, keep: 'head' },
+    stderr: PROGRAM_STDERR,
+    timeoutMs,
+  });
+  if (r.kind === 'spawn-error') {
+    throw new InstallError('unpack-failed', `cannot run tar to ${what}: ${String(r.error)}`);
   }
   if (r.timedOut)
     throw new InstallError('unpack-failed', `tar timed out after ${timeoutMs} ms while trying to ${what}`);
   if (r.code !== 0) throw new InstallError('unpack-failed', `tar failed to ${what} (${describeExit(r)})`);
-  return r.stdout;
+  return r.stdout.text;
 }
 
 /** One member of a `tar -tv` listing: `mode owner size date time name[ -> target | link to target]`. */
@@ -410,44 +372,38 @@ export interface BackgroundListing {
   abort(): void;
 }
 
-export function listInBackground(imagePath: string, timeoutMs: number = DEFAULT_TAR_TIMEOUT_MS): BackgroundListing {
-  const child = spawn('tar', ['-tvzf', imagePath], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    detached: true,
+export function listInBackground(
+  imagePath: string,
+  opts: { timeoutMs?: number; run?: RunInGroup } = {},
+): BackgroundListing {
+  const stop = new AbortController();
+  const timeoutMs = opts.timeoutMs ?? DEFAULT_TAR_TIMEOUT_MS;
+  // Started now; in its own process group (runInGroup), killed with SIGKILL at the timeout or by `abort`.
+  const done = (opts.run ?? runInGroup)({
+    file: 'tar',
+    args: ['-tvzf', imagePath],
     env: { ...process.env, LC_ALL: 'C' },
+    stdout: { maxBytes: Infinity, keep: 'head' },
+    stderr: PROGRAM_STDERR,
+    timeoutMs,
+    signal: stop.signal,
   });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-  child.stderr.setEncoding('utf8').on('data', (s: string) => {
-    stderr = (stderr + s).slice(-OUTPUT_TAIL);
-  });
-  const kill = (): void => {
-    try {
-      if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
-    } catch {
-      // Already gone.
-    }
-  };
-  const timer = setTimeout(kill, timeoutMs);
-  const done = new Promise<{ code: number | null; error?: Error }>((resolve) => {
-    child.once('error', (error) => resolve({ code: null, error }));
-    child.once('close', (code) => resolve({ code }));
-  }).finally(() => clearTimeout(timer));
   return {
     async finish() {
       const r = await done;
-      if (r.error) throw new InstallError('unpack-failed', `cannot run tar to list the image: ${r.error.message}`);
+      if (r.kind === 'spawn-error') {
+        throw new InstallError('unpack-failed', `cannot run tar to list the image: ${r.error.message}`);
+      }
       if (r.code !== 0) {
-        const why = stderr.trim();
+        const why = r.stderr.text.trim();
         throw new InstallError(
           'unpack-failed',
           `tar failed to list the image (exit status ${r.code}${why ? `: ${why}` : ''})`,
         );
       }
-      return stdout;
+      return r.stdout.text;
     },
-    abort: kill,
+    abort: () => stop.abort(),
   };
 }
 
@@ -476,7 +432,7 @@ async function readManifest(slotDir: string): Promise<ImageManifest> {
 async function runInstallScript(
   slotDir: string,
   script: string,
-  opts: { timeoutMs: number; env: Record<string, string> },
+  opts: { timeoutMs: number; env: Record<string, string>; run: RunInGroup },
 ): Promise<void> {
   const path = join(slotDir, normalize(script));
   if (!path.startsWith(slotDir + sep)) {
@@ -487,15 +443,16 @@ async function runInstallScript(
   } catch {
     throw new InstallError('bad-manifest', `the install script "${script}" named by manifest.json is not in the image`);
   }
-  let r: RunResult;
-  try {
-    r = await runProgram(path, [], {
-      cwd: slotDir,
-      env: { ...process.env, ...opts.env, DEVCLOUD_SLOT: slotDir },
-      timeoutMs: opts.timeoutMs,
-    });
-  } catch (err) {
-    throw new InstallError('script-failed', `cannot start the install script "${script}": ${String(err)}`);
+  // In its own process group (runInGroup): the timeout kills what the script started too. Its stdout is discarded.
+  const r = await opts.run({
+    file: path,
+    cwd: slotDir,
+    env: { ...process.env, ...opts.env, DEVCLOUD_SLOT: slotDir },
+    stderr: PROGRAM_STDERR,
+    timeoutMs: opts.timeoutMs,
+  });
+  if (r.kind === 'spawn-error') {
+    throw new InstallError('script-failed', `cannot start the install script "${script}": ${String(r.error)}`);
   }
   if (r.timedOut) {
     throw new InstallError(
@@ -513,12 +470,13 @@ async function runInstallScript(
  */
 export async function installImage(dir: string, imagePath: string, opts: InstallOptions = {}): Promise<InstallResult> {
   const tarTimeoutMs = opts.tarTimeoutMs ?? DEFAULT_TAR_TIMEOUT_MS;
+  const run = opts.run ?? runInGroup;
   // Absolute, because the install script gets it in DEVCLOUD_SLOT and runs with the slot as its cwd.
   dir = resolve(dir);
   await ensureSlots(dir);
   const slot = await inactiveSlot(dir);
   const slotDir = join(dir, slot);
-  const listing = opts.listing ?? (await runTar(['-tvzf', imagePath], tarTimeoutMs, 'list the image'));
+  const listing = opts.listing ?? (await runTar(['-tvzf', imagePath], tarTimeoutMs, 'list the image', run));
   checkMembers(listing, { maxBytes: opts.maxBytes ?? DEFAULT_MAX_BYTES, maxFiles: opts.maxFiles ?? DEFAULT_MAX_FILES });
   try {
     await rm(slotDir, { recursive: true, force: true });
@@ -530,6 +488,7 @@ export async function installImage(dir: string, imagePath: string, opts: Install
     ['-xzf', imagePath, '-C', slotDir, '--no-same-owner'],
     tarTimeoutMs,
     `unpack the image into slot ${slot}`,
+    run,
   );
   try {
     await checkUnpacked(slotDir);
@@ -544,6 +503,7 @@ export async function installImage(dir: string, imagePath: string, opts: Install
     await runInstallScript(slotDir, manifest.install, {
       timeoutMs: opts.scriptTimeoutMs ?? DEFAULT_SCRIPT_TIMEOUT_MS,
       env: opts.env ?? {},
+      run,
     });
   }
   return { slot, manifest };

@@ -9,6 +9,7 @@ import { readlinkSync } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
+import { type RunInGroup, runInGroup } from '../../lib/process.js';
 import type { Db } from '../../lib/sqlite.js';
 import { type FwMessage, type MetaMessage, messageId } from '../../protocol/index.js';
 import type { AgentConfig } from '../config.js';
@@ -17,6 +18,7 @@ import { healthCheck } from './health.js';
 import { type ActiveState, type FwEvent, type FwState, afterSwitch, isActive, isFinal, transition } from './machine.js';
 import {
   type BackgroundListing,
+  PROGRAM_STDERR,
   type SlotName,
   activeSlot,
   describeExit,
@@ -24,7 +26,6 @@ import {
   isInstallError,
   listInBackground,
   restoreSlot,
-  runProgram,
   switchSlot,
 } from './slots.js';
 import { type FwJob, FwJobStore } from './store.js';
@@ -52,12 +53,14 @@ export interface UpdaterOptions {
   log: Logger;
   now: () => number;
   retry?: RetryPolicy;
+  /** What runs the installers, the restart and health commands and `tar`; `runInGroup` when not given. */
+  run?: RunInGroup;
 }
 
 /** The updater of an agent's state directory and config, as the agent and the offline `fw` commands build it. */
 export function updaterFor(
   config: AgentConfig,
-  deps: Pick<UpdaterOptions, 'db' | 'reporter' | 'restartAgent' | 'log' | 'now'>,
+  deps: Pick<UpdaterOptions, 'db' | 'reporter' | 'restartAgent' | 'log' | 'now' | 'run'>,
 ): FirmwareUpdater {
   const fw = config.firmware;
   return new FirmwareUpdater({
@@ -102,8 +105,11 @@ export class FirmwareUpdater {
   /** The slots of the install that just finished; saved with the move to `switching`. */
   private installed: { job: string; from: SlotName; to: SlotName } | undefined;
 
+  private readonly runProcess: RunInGroup;
+
   constructor(private readonly o: UpdaterOptions) {
     this.store = new FwJobStore(o.db);
+    this.runProcess = o.run ?? runInGroup;
   }
 
   /** The version the gateway runs: the latest committed image's, or the configured one before any update. */
@@ -506,7 +512,13 @@ export class FirmwareUpdater {
     // used only once the image has verified.
     if (this.o.config.installer === 'slots') {
       this.listing?.listing.abort();
-      this.listing = { job: job.id, listing: listInBackground(this.imagePath(job), this.o.config.installTimeoutMs) };
+      this.listing = {
+        job: job.id,
+        listing: listInBackground(this.imagePath(job), {
+          timeoutMs: this.o.config.installTimeoutMs,
+          run: this.runProcess,
+        }),
+      };
     }
     const r = await verifyImage(this.imagePath(job), identity, job.signature, keys);
     if (!r.ok) {
@@ -551,6 +563,7 @@ export class FirmwareUpdater {
         maxBytes: cfg.maxUnpackedBytes,
         maxFiles: cfg.maxFiles,
         env: this.jobEnv(job),
+        run: this.runProcess,
       });
       this.o.log.info({
         event: 'fw.installed',
@@ -637,7 +650,13 @@ export class FirmwareUpdater {
       const timer = setTimeout(() => ctl.abort(), left);
       const onAbort = (): void => ctl.abort();
       signal.addEventListener('abort', onAbort, { once: true });
-      const timing = { timeoutMs: h.timeoutMs, retries: h.retries, intervalMs: h.intervalMs, signal: ctl.signal };
+      const timing = {
+        timeoutMs: h.timeoutMs,
+        retries: h.retries,
+        intervalMs: h.intervalMs,
+        signal: ctl.signal,
+        run: this.runProcess,
+      };
       this.o.log.info({ event: 'fw.health_check', job: job.id, check: h.command?.join(' ') ?? h.url });
       try {
         const r = await healthCheck(
@@ -680,15 +699,15 @@ export class FirmwareUpdater {
   private async runStep(job: FwJob, argv: readonly string[], step: string): Promise<FwEvent | undefined> {
     const [file, ...args] = argv;
     this.o.log.info({ event: 'fw.exec', job: job.id, step, command: argv.join(' ') });
-    let r;
-    try {
-      r = await runProgram(file!, args, {
-        env: { ...process.env, ...this.jobEnv(job) },
-        timeoutMs: this.o.config.installTimeoutMs,
-      });
-    } catch (err) {
-      return { type: 'fail', error: `${step}: cannot run ${file}: ${(err as Error).message}` };
-    }
+    // In its own process group (runInGroup): the timeout kills what it started too. Its stdout is discarded.
+    const r = await this.runProcess({
+      file: file!,
+      args,
+      env: { ...process.env, ...this.jobEnv(job) },
+      stderr: PROGRAM_STDERR,
+      timeoutMs: this.o.config.installTimeoutMs,
+    });
+    if (r.kind === 'spawn-error') return { type: 'fail', error: `${step}: cannot run ${file}: ${r.error.message}` };
     if (r.timedOut)
       return { type: 'fail', error: `${step}: ${file} ran longer than ${this.o.config.installTimeoutMs} ms` };
     if (r.code !== 0) return { type: 'fail', error: `${step}: ${file} failed (${describeExit(r)})` };

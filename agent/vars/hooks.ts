@@ -4,19 +4,23 @@
  * DEVCLOUD_VAR_TYPE, DEVCLOUD_VAR_NAME, DEVCLOUD_VAR_VALUE (or DEVCLOUD_VAR_VALUE64 for bytes that are not
  * UTF-8), DEVCLOUD_VAR_DELETED=1 for a deletion, DEVCLOUD_VAR_ORIGIN, DEVCLOUD_VAR_TIME.
  */
-import { spawn } from 'node:child_process';
 import type { Logger } from '../../lib/log.js';
+import { type RunInGroup, runInGroup } from '../../lib/process.js';
 import { encodeValue } from '../../protocol/index.js';
 import type { ChangeEvent } from './sync.js';
 
 /** Changes waiting for the hook; past this the oldest are dropped with a warning. */
 const MAX_QUEUED = 1000;
+/** Bytes of the hook's stderr kept for `hook.failed` (the start of it). */
+const STDERR_HEAD = 512;
 
 export interface HookOptions {
   exec: string;
   origins: ReadonlyArray<'cloud' | 'device'>;
   timeoutMs: number;
   log: Logger;
+  /** What runs the hook; `runInGroup` when not given (a test may give another). */
+  run?: RunInGroup;
 }
 
 export class ChangeHook {
@@ -61,52 +65,28 @@ export class ChangeHook {
       if ('value' in enc && !enc.value.includes('\0')) env.DEVCLOUD_VAR_VALUE = enc.value;
       else env.DEVCLOUD_VAR_VALUE64 = rec.value.toString('base64');
     }
-    // Its own process group (detached), so that a timeout kills what the hook started as well: a script stuck
-    // in a child command would otherwise leave that child running forever.
-    const child = spawn(this.opts.exec, [], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    let timedOut = false;
-    let done = false;
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (d: string) => {
-      if (stderr.length < 512) stderr += d;
-    });
-    const timer = setTimeout(() => {
-      timedOut = true;
-      try {
-        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
-      // A process that left the group may still hold the pipe; do not wait for it.
-      child.stderr.destroy();
-    }, this.opts.timeoutMs);
-    const finish = (err: string | undefined) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
+    // Its own process group (runInGroup), so that a timeout kills what the hook started as well: a script stuck
+    // in a child command would otherwise leave that child running forever. SIGKILL at once; stdout discarded.
+    void (this.opts.run ?? runInGroup)({
+      file: this.opts.exec,
+      env,
+      stderr: { maxBytes: STDERR_HEAD, keep: 'head' },
+      timeoutMs: this.opts.timeoutMs,
+    }).then((r) => {
+      let err: string | undefined;
+      if (r.kind === 'spawn-error') err = r.error.message;
+      else if (r.timedOut) err = `killed after ${this.opts.timeoutMs} ms`;
+      else if (r.signal !== null) err = `killed by ${r.signal}`;
+      else if (r.code !== 0) err = `exited with status ${r.code}`;
       this.running = false;
       if (err !== undefined) {
         this.counters.failed++;
-        this.opts.log.warn({
-          event: 'hook.failed',
-          name: rec.name,
-          exec: this.opts.exec,
-          err,
-          stderr: stderr.slice(0, 512),
-        });
+        this.opts.log.warn({ event: 'hook.failed', name: rec.name, exec: this.opts.exec, err, stderr: r.stderr.text });
       } else {
         this.counters.ran++;
         this.opts.log.debug({ event: 'hook.ran', name: rec.name });
       }
       this.next();
-    };
-    child.once('error', (err) => finish(err.message));
-    child.once('close', (code, signal) => {
-      if (timedOut) finish(`killed after ${this.opts.timeoutMs} ms`);
-      else if (signal !== null) finish(`killed by ${signal}`);
-      else if (code !== 0) finish(`exited with status ${code}`);
-      else finish(undefined);
     });
   }
 }

@@ -1,8 +1,8 @@
 /**
  * Commands through a listening bridge with its embedded broker and a real agent: the run order (priority, then
- * arrival), lifetimes ending on the agent and on the bridge, binary commands, a handler that hangs, output past
- * the bound, who may send commands, malformed parameters, a full queue, the older clients' spelling, and the
- * `devcloud-agent queue` CLI.
+ * arrival), lifetimes ending on the agent and on the bridge, binary commands, a handler that hangs, a reboot
+ * command that fails, output past the bound, who may send commands, malformed parameters, a full queue, the older
+ * clients' spelling, and the `devcloud-agent queue` CLI.
  */
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -186,6 +186,24 @@ describe('commands through the embedded broker', () => {
     await until(() => !alive(child), `the handler's child ${child} gone`, 5000);
     // The queue goes on.
     expect((await r.finished(await r.send('ping'))).state).toBe('done');
+  });
+
+  it('reboot runs the reboot command; one that exits non-zero fails the command with its status', async () => {
+    const scratch = tempDir('devcloud-reboot-');
+    const marker = join(scratch, 'ran');
+    const r = (rig = await startRig({
+      agentFlags: { 'commands.rebootCommand': ['sh', '-c', `touch "$0"; exit 3`, marker] },
+    }));
+    const c = await r.finished(await r.send('reboot'));
+    expect(c).toMatchObject({
+      state: 'failed',
+      exitCode: 3,
+      signal: null,
+      reason: 'the reboot command exited with status 3',
+    });
+    // Run as given, without a shell of the agent's: its arguments reached it.
+    expect(existsSync(marker)).toBe(true);
+    rmSync(scratch, { recursive: true, force: true });
   });
 
   it('keeps the end of an output larger than the bound, at most 4096 bytes', async () => {
