@@ -11,20 +11,22 @@ import { createLogger } from '../lib/log.js';
 import { isStorageFull } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
-import { PasswordHasher } from './accounts/password.js';
-import { buildApp, createDeviceService } from './app.js';
+import { hasherFor } from './accounts/password.js';
+import { buildApp } from './app.js';
 import { EmbeddedBroker } from './broker.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
 import { CommandService } from './commands/service.js';
+import { createDeviceService } from './devices/create.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
 import { DeviceRateLimiter } from './devices/ratelimit.js';
 import type { DeviceService } from './devices/service.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
+import { ensureDefaultFrontend } from './frontends/default.js';
 import { LinkMonitor } from './health.js';
 import { createMailer } from './mail/mailer.js';
 import { type ManagedBroker, provisionDevices, setDeviceEnabled, startManagedBroker } from './mqtt/manage.js';
 import { SqliteStore } from './store/sqlite.js';
-import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
+import { type Frontend, ProductConfig } from './store/types.js';
 
 const USAGE = `devcloud-bridge ${VERSION}: the devcloud cloud side
 
@@ -60,21 +62,6 @@ interface Io {
   err: (s: string) => void;
 }
 const stdio: Io = { out: (s) => process.stdout.write(`${s}\n`), err: (s) => process.stderr.write(`${s}\n`) };
-
-/** Makes the default frontend at first start (decision 15), so that a new bridge answers at once. */
-export function ensureDefaultFrontend(store: BridgeStore, now: number): Frontend {
-  const existing = store.defaultFrontend();
-  if (existing) return existing;
-  const f: Frontend = {
-    id: randomUUID(),
-    name: 'default',
-    config: ProductConfig.parse({}),
-    isDefault: true,
-    createdAt: now,
-  };
-  store.createFrontend(f);
-  return f;
-}
 
 function parseSettings(pairs: string[], io: Io): { settings: Record<string, boolean>; name?: string } | undefined {
   const settings: Record<string, boolean> = {};
@@ -268,16 +255,6 @@ async function deviceCommand(
     io.err(`devcloud-bridge: ${err instanceof Error ? err.message : String(err)}`);
     return 1;
   }
-}
-
-/** The password hasher the config asks for. */
-export function hasherFor(config: BridgeConfig): PasswordHasher {
-  const a = config.accounts;
-  return new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: a.hashConcurrency,
-    maxQueued: a.hashQueue,
-  });
 }
 
 export interface RunningBridge {
