@@ -15,9 +15,9 @@ import { registerAccountRoutes } from './accounts/routes.js';
 import type { BridgeConfig } from './config.js';
 import { registerCommandRoutes } from './commands/routes.js';
 import { CommandService } from './commands/service.js';
-import { resendFirmwareJob } from './firmware/resend.js';
 import { registerDeviceRoutes } from './devices/routes.js';
-import { DeviceService } from './devices/service.js';
+import { createDeviceService } from './devices/create.js';
+import type { DeviceService } from './devices/service.js';
 import { ApiError, ERRORS, type ErrorCode, isApiError } from './errors.js';
 import { registerFirmwareRoutes } from './firmware/routes.js';
 import { type FrontendSource, resolveFrontend } from './frontends/resolve.js';
@@ -117,43 +117,6 @@ export function query(req: FastifyRequest): Fields {
 
 /** One field read through its schema: its value, or `ok: false` when it is missing or malformed. */
 export type FieldResult<T> = { ok: true; value: T } | { ok: false };
-
-/**
- * The device service with what hangs off a device's hello: commands handed over again and an open firmware job
- * sent again. One place, for the app and for `devcloud-bridge run`.
- */
-export function createDeviceService(
-  config: BridgeConfig,
-  store: BridgeStore,
-  log: Logger,
-  now: () => number,
-  commands: CommandService,
-): DeviceService {
-  const devices: DeviceService = new DeviceService({
-    store,
-    log,
-    now,
-    nearbyWindowMs: config.devices.nearbyWindowMs,
-    lastActivityMs: config.devices.lastActivityMs,
-    resend: { firstMs: config.devices.resendFirstMs, maxMs: config.devices.resendMaxMs },
-    retention: { maxAgeDays: config.devices.historyDays, maxPerVariable: config.devices.historyPerVariable },
-    commands,
-    firmware: {
-      onHello: (deviceId: string): Promise<void> =>
-        resendFirmwareJob(
-          {
-            store,
-            sendDown: (id, name, payload): boolean => devices.sendDown(id, name, payload),
-            tokenHours: config.firmware.tokenHours,
-            now,
-            log,
-          },
-          deviceId,
-        ),
-    },
-  });
-  return devices;
-}
 
 /**
  * Reads fields through a form schema one field at a time (STYLE principle 3), so that a route answers the

@@ -1,30 +1,19 @@
 /**
- * `devcloud-bridge`: runs the cloud side, and manages frontends.
+ * `devcloud-bridge`: runs the cloud side (bridge/bridge.ts), and manages frontends, firmware and device clients.
  *
  * Exit codes: 0 success; 1 the operation failed; 2 usage or configuration error.
  */
-import { randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
-import type { FastifyInstance } from 'fastify';
 import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
 import { createLogger } from '../lib/log.js';
-import { isStorageFull } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
-import { PasswordHasher } from './accounts/password.js';
-import { buildApp, createDeviceService } from './app.js';
-import { EmbeddedBroker } from './broker.js';
-import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig, outboxDir } from './config.js';
-import { CommandService } from './commands/service.js';
-import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
-import { DeviceRateLimiter } from './devices/ratelimit.js';
-import type { DeviceService } from './devices/service.js';
+import { Bridge } from './bridge.js';
+import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig } from './config.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
-import { LinkMonitor } from './health.js';
-import { createMailer } from './mail/mailer.js';
-import { type ManagedBroker, provisionDevices, setDeviceEnabled, startManagedBroker } from './mqtt/manage.js';
+import { frontendCommand } from './frontends/cli.js';
+import { provisionDevices, setDeviceEnabled } from './mqtt/manage.js';
+import { PartError } from './part.js';
 import { SqliteStore } from './store/sqlite.js';
-import { type BridgeStore, type Frontend, ProductConfig } from './store/types.js';
 
 const USAGE = `devcloud-bridge ${VERSION}: the devcloud cloud side
 
@@ -58,109 +47,10 @@ Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
 interface Io {
   out: (s: string) => void;
   err: (s: string) => void;
+  /** Where `run` writes its log; stdout by default. */
+  log?: NodeJS.WritableStream;
 }
 const stdio: Io = { out: (s) => process.stdout.write(`${s}\n`), err: (s) => process.stderr.write(`${s}\n`) };
-
-/** Makes the default frontend at first start (decision 15), so that a new bridge answers at once. */
-export function ensureDefaultFrontend(store: BridgeStore, now: number): Frontend {
-  const existing = store.defaultFrontend();
-  if (existing) return existing;
-  const f: Frontend = {
-    id: randomUUID(),
-    name: 'default',
-    config: ProductConfig.parse({}),
-    isDefault: true,
-    createdAt: now,
-  };
-  store.createFrontend(f);
-  return f;
-}
-
-function parseSettings(pairs: string[], io: Io): { settings: Record<string, boolean>; name?: string } | undefined {
-  const settings: Record<string, boolean> = {};
-  let name: string | undefined;
-  for (const p of pairs) {
-    const eq = p.indexOf('=');
-    const key = eq > 0 ? p.slice(0, eq) : '';
-    const value = p.slice(eq + 1);
-    if (key === 'name') {
-      name = value;
-      continue;
-    }
-    // An own key only: `in` would also accept inherited names such as `constructor`.
-    if (!Object.hasOwn(ProductConfig.shape, key) || !/^(true|false)$/.test(value)) {
-      io.err(
-        `devcloud-bridge: ${p}: expected KEY=true|false with KEY one of ${Object.keys(ProductConfig.shape).join(', ')}`,
-      );
-      return undefined;
-    }
-    settings[key] = value === 'true';
-  }
-  return name === undefined ? { settings } : { settings, name };
-}
-
-function frontendCommand(
-  config: BridgeConfig,
-  params: string[],
-  json: boolean,
-  name: string | undefined,
-  io: Io,
-): number {
-  const [sub, ...rest] = params;
-  const store = new SqliteStore(config.dataDir);
-  try {
-    const now = Date.now();
-    switch (sub) {
-      case 'list': {
-        ensureDefaultFrontend(store, now);
-        const all = store.frontends();
-        if (json) io.out(JSON.stringify(all));
-        else
-          for (const f of all)
-            io.out(`${f.id}  ${f.isDefault ? '(default) ' : ''}${f.name}  ${JSON.stringify(f.config)}`);
-        return 0;
-      }
-      case 'create': {
-        const parsed = parseSettings(rest, io);
-        if (!parsed) return 2;
-        const f: Frontend = {
-          id: randomUUID(),
-          name: name ?? parsed.name ?? 'frontend',
-          config: ProductConfig.parse(parsed.settings),
-          isDefault: false,
-          createdAt: now,
-        };
-        store.createFrontend(f);
-        io.out(json ? JSON.stringify(f) : f.id);
-        return 0;
-      }
-      case 'set': {
-        const [id, ...pairs] = rest;
-        const f = id ? store.frontend(id) : undefined;
-        if (!f) {
-          io.err(`devcloud-bridge: no frontend ${id ?? '(missing id)'}`);
-          return 1;
-        }
-        const makeDefault = pairs.includes('default=true');
-        const parsed = parseSettings(
-          pairs.filter((p) => p !== 'default=true'),
-          io,
-        );
-        if (!parsed) return 2;
-        store.setFrontendConfig(f.id, ProductConfig.parse({ ...f.config, ...parsed.settings }), parsed.name ?? name);
-        if (makeDefault) store.setDefaultFrontend(f.id);
-        const updated = store.frontend(f.id)!;
-        io.out(json ? JSON.stringify(updated) : `${updated.id}  ${updated.name}  ${JSON.stringify(updated.config)}`);
-        return 0;
-      }
-      default:
-        io.err('devcloud-bridge: frontend needs one of create, list, set');
-        return 2;
-    }
-  } finally {
-    store.close();
-  }
-}
 
 export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.ProcessEnv = process.env): Promise<number> {
   const rest: string[] = [];
@@ -221,7 +111,7 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       }
       return runBridge(config, io);
     case 'frontend':
-      return frontendCommand(config, params, json, name, io);
+      return frontendCommand(config, params, json, name, io, Date.now());
     case 'firmware':
       return firmwareCommand(config, params, { json, name, flags: fwFlags }, io);
     case 'device':
@@ -270,227 +160,31 @@ async function deviceCommand(
   }
 }
 
-/** The password hasher the config asks for. */
-export function hasherFor(config: BridgeConfig): PasswordHasher {
-  const a = config.accounts;
-  return new PasswordHasher({
-    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
-    maxConcurrent: a.hashConcurrency,
-    maxQueued: a.hashQueue,
-  });
-}
-
-export interface RunningBridge {
-  app: FastifyInstance;
-  broker: EmbeddedBroker | undefined;
-  link: Link;
-  devices: DeviceService;
-  commands: CommandService;
-  store: SqliteStore;
-  /** With `mqtt.dynsec`: the management of device clients at Mosquitto. */
-  managed: ManagedBroker | undefined;
-  url: string;
-  defaultFrontend: Frontend;
-  close(): Promise<void>;
-}
-
-/** Starts the HTTP(S) server and, without an external broker, the embedded one. */
-export async function startBridge(
-  config: BridgeConfig,
-  log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } }),
-): Promise<RunningBridge> {
-  const store = new SqliteStore(config.dataDir, log, { backgroundCheckpoints: true });
-  const defaultFrontend = ensureDefaultFrontend(store, Date.now());
-  const hasher = hasherFor(config);
-  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-  const commands = new CommandService({ store, log, now: Date.now, maxOpen: config.commands.maxOpen });
-  const devices = createDeviceService(config, store, log, Date.now, commands);
-  const linkState = new LinkMonitor();
-  const app = buildApp({ config, store, hasher, mailer, log, devices, commands, link: linkState });
-  let broker: EmbeddedBroker | undefined;
-  const deviceLimits = new DeviceRateLimiter(config.mqtt.rate, log);
-  const fail = async (err: unknown): Promise<never> => {
-    await app.close();
-    await broker?.close();
-    await mailer.close();
-    store.close();
-    throw err;
-  };
-  let mqttPassword: string | undefined;
-  let mqttCa: Buffer | undefined;
-  let enrolPassword: string | undefined;
-  try {
-    // The embedded broker's enrolment credential (with `dynsec`, bridge/mqtt/manage.ts reads it).
-    if (config.mqtt.url === undefined && config.mqtt.openEnrolment && config.mqtt.enrolPasswordFile !== undefined)
-      enrolPassword = readFileSync(config.mqtt.enrolPasswordFile, 'utf8').trim();
-  } catch (err) {
-    await fail(new Error(`cannot read the enrolment password file: ${(err as Error).message}`));
-  }
-  try {
-    if (config.mqtt.passwordFile !== undefined) mqttPassword = readFileSync(config.mqtt.passwordFile, 'utf8').trim();
-  } catch (err) {
-    await fail(new Error(`cannot read the MQTT password file: ${(err as Error).message}`));
-  }
-  try {
-    if (config.mqtt.caFile !== undefined) mqttCa = readFileSync(config.mqtt.caFile);
-  } catch (err) {
-    await fail(new Error(`cannot read the MQTT CA file: ${(err as Error).message}`));
-  }
-  try {
-    await app.listen({ host: config.host, port: config.http.port });
-  } catch (err) {
-    await fail(portError(err, config.http.port, '--http-port'));
-  }
-  if (config.mqtt.url === undefined) {
-    // A new embedded broker has no device connected, whatever the database says from before.
-    // A bridge on a full disk still starts and serves reads (docs/operations.md, "A full disk"): the states are
-    // put right as devices connect.
-    const stale = await store
-      .write(() => store.devices.markAllDisconnected(Date.now()), { durable: false })
-      .catch((err: unknown) => {
-        if (!isStorageFull(err)) throw err;
-        log.warn({ event: 'devices.mark_failed', err: String(err) });
-        return 0;
-      });
-    if (stale > 0) log.info({ event: 'devices.marked_disconnected', count: stale });
-    try {
-      broker = await EmbeddedBroker.start({
-        host: config.host,
-        port: config.mqtt.port,
-        openEnrolment: config.mqtt.openEnrolment,
-        enrol:
-          enrolPassword === undefined ? undefined : { username: config.mqtt.enrolUsername, password: enrolPassword },
-        enrolLimits: config.mqtt.enrolLimits,
-        deviceLimits,
-        credentials: store,
-        log,
-      });
-    } catch (err) {
-      await fail(portError(err, config.mqtt.port, '--mqtt-port'));
-    }
-  }
-  const b = broker;
-  // The embedded broker is reached through its own interface, in this process; an external one as a client.
-  const link: Link = b
-    ? new EmbeddedLink(b.aedes, log)
-    : new DeviceLink({
-        url: config.mqtt.url!,
-        clientId: config.mqtt.clientId,
-        username: config.mqtt.username,
-        password: mqttPassword,
-        ca: mqttCa,
-        persistent: true,
-        log,
-        deviceLimits,
-      });
-  linkState.attach(link, b ? 'embedded' : 'external');
-  devices.attach((deviceId, name, payload) => link.publish(deviceId, name, payload));
-  commands.attach(
-    (deviceId, name, payload) => link.publish(deviceId, name, payload),
-    () => link.connected,
-  );
-  link.on('message', (msg) => void devices.handle(msg));
-  link.on('up', () => devices.onLinkUp());
-  let managed: ManagedBroker | undefined;
-  if (config.mqtt.dynsec) {
-    try {
-      managed = startManagedBroker({ config, store, devices, password: mqttPassword ?? '', ca: mqttCa, log });
-    } catch (err) {
-      await fail(err);
-    }
-    // Roles first, so that the bridge may publish to devices once its link is up; a broker that is not there
-    // yet is set up when it comes (at every connect).
-    const m = managed!;
-    await Promise.race([m.dynsec.ready, new Promise((resolve) => setTimeout(resolve, 10_000).unref())]).catch(
-      (err: unknown) => log.error({ event: 'dynsec.unavailable', err: (err as Error).message }),
-    );
-  }
-  try {
-    await link.start(b ? 10_000 : 30_000);
-  } catch (err) {
-    if (b) {
-      await link.close();
-      await fail(err);
-    }
-    // An external broker may come later: the client keeps trying, and devices catch up when it does.
-    log.error({ event: 'mqtt.unreachable', url: safeUrl(config.mqtt.url!), err: (err as Error).message });
-  }
-  // Expired sessions can no longer be used; removing them keeps the table the size of the live ones.
-  const DAY_MS = 86_400_000;
-  const prune = () => {
-    const t = Date.now();
-    store
-      .write(() =>
-        store.pruneSessions(t - config.sessions.idleDays * DAY_MS, t - config.sessions.absoluteDays * DAY_MS),
-      )
-      .then((n) => n > 0 && log.info({ event: 'sessions.pruned', count: n }))
-      .catch((err: unknown) => log.warn({ event: 'sessions.prune_failed', err: String(err) }));
-    devices
-      .prune()
-      .then((n) => n.nearby > 0 && log.info({ event: 'devices.pruned', ...n }))
-      .catch((err: unknown) => log.warn({ event: 'devices.prune_failed', err: String(err) }));
-    commands
-      .prune(config.commands.keepDays)
-      .then((n) => n > 0 && log.info({ event: 'cmd.pruned', count: n }))
-      .catch((err: unknown) => log.warn({ event: 'cmd.prune_failed', err: String(err) }));
-  };
-  prune();
-  const pruneTimer = setInterval(prune, 3_600_000);
-  // History past its age or count limit goes in the background, in small batches (docs/api.md, "History").
-  devices.retention.start();
-  pruneTimer.unref();
-  // Commands a device never received expire on the bridge once their lifetime ends.
-  const sweepTimer = setInterval(() => {
-    commands.sweep().catch((err: unknown) => log.warn({ event: 'cmd.sweep_failed', err: String(err) }));
-  }, 1000);
-  sweepTimer.unref();
-  const address = app.server.address();
-  const port = typeof address === 'object' && address ? address.port : config.http.port;
-  const scheme = config.http.certFile ? 'https' : 'http';
-  const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
-  return {
-    app,
-    broker,
-    link,
-    devices,
-    commands,
-    store,
-    managed,
-    url: `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
-    defaultFrontend,
-    close: async () => {
-      clearInterval(pruneTimer);
-      clearInterval(sweepTimer);
-      await app.close();
-      await managed?.close();
-      await link.close();
-      await devices.close();
-      await broker?.close();
-      await mailer.close();
-      store.close();
-    },
-  };
-}
-
-class PortError extends Error {}
-
-function portError(err: unknown, port: number, flag: string): Error {
-  const code = (err as NodeJS.ErrnoException).code;
-  if (code === 'EADDRINUSE') return new PortError(`port ${port} is already in use; choose another with ${flag} N`);
-  if (code === 'EACCES') return new PortError(`port ${port} needs privileges; choose another with ${flag} N`);
-  return err instanceof Error ? err : new Error(String(err));
-}
-
+/** `devcloud-bridge run`: starts the bridge, and stops it at SIGTERM or SIGINT. */
 async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
-  const log = createLogger({ ...config.log, base: { service: 'devcloud-bridge' } });
-  let bridge: RunningBridge;
-  try {
-    bridge = await startBridge(config, log);
-  } catch (err) {
+  const log = createLogger({
+    ...config.log,
+    base: { service: 'devcloud-bridge' },
+    ...(io.log ? { destination: io.log } : {}),
+  });
+  const failed = (err: unknown): number => {
     const msg = err instanceof Error ? err.message : String(err);
     io.err(`devcloud-bridge: ${msg}`);
-    log.fatal({ event: 'bridge.start_failed', err: msg });
+    log.fatal({ event: 'bridge.start_failed', ...(err instanceof PartError ? { part: err.part } : {}), err: msg });
     return 1;
+  };
+  let store: SqliteStore;
+  try {
+    store = new SqliteStore(config.dataDir, log, { backgroundCheckpoints: true });
+  } catch (err) {
+    return failed(err);
+  }
+  let bridge: Bridge;
+  try {
+    bridge = await Bridge.start({ config, store, log, now: Date.now });
+  } catch (err) {
+    store.close();
+    return failed(err);
   }
   log.info({
     event: 'bridge.started',
@@ -503,10 +197,13 @@ async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
     const stop = (signal: string) => {
       log.info({ event: 'bridge.stopping', signal });
       setTimeout(() => process.exit(1), 5000).unref();
-      bridge.close().then(
-        () => resolve(0),
-        () => resolve(1),
-      );
+      bridge
+        .stop()
+        .finally(() => store.close())
+        .then(
+          () => resolve(0),
+          () => resolve(1),
+        );
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));

@@ -21,7 +21,7 @@ export type BrokerKind = 'embedded' | 'external' | 'none';
 
 /**
  * The state of the bridge's link to its broker, for health and metrics. The app is built before the link
- * exists (`startBridge` listens first), so the link is attached later.
+ * exists (the bridge's `link` part makes it, bridge/bridge.ts), so the link is attached later.
  */
 export class LinkMonitor {
   private current: Link | undefined;

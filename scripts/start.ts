@@ -8,8 +8,9 @@ import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import { Agent } from '../agent/agent.js';
 import { loadAgentConfig } from '../agent/config.js';
-import { startBridge } from '../bridge/cli.js';
+import { Bridge } from '../bridge/bridge.js';
 import { loadBridgeConfig } from '../bridge/config.js';
+import { SqliteStore } from '../bridge/store/sqlite.js';
 import { ConfigError } from '../lib/config.js';
 import { writeFileAtomic } from '../lib/fsutil.js';
 import { createLogger } from '../lib/log.js';
@@ -38,21 +39,24 @@ const agentLog = createLogger({ level: 'info', pretty: 'auto', base: { service: 
 
 const mqttPort = (await tcpPortFree(1883, host)) ? 1883 : 0;
 const httpPort = (await tcpPortFree(8080, host)) ? 8080 : 0;
-const bridge = await startBridge(
-  // Open enrolment (trust on first use), so that the local agent, and any other started by hand, connects at once;
-  // `devcloud-bridge run` has it off (docs/operations.md, "Enrolment").
-  loadBridgeConfig(
-    {
-      dataDir: resolve(root, 'var/bridge'),
-      host,
-      'http.port': httpPort,
-      'mqtt.port': mqttPort,
-      'mqtt.openEnrolment': true,
-    },
-    {},
-  ),
-  log,
+// Open enrolment (trust on first use), so that the local agent, and any other started by hand, connects at once;
+// `devcloud-bridge run` has it off (docs/operations.md, "Enrolment").
+const bridgeConfig = loadBridgeConfig(
+  {
+    dataDir: resolve(root, 'var/bridge'),
+    host,
+    'http.port': httpPort,
+    'mqtt.port': mqttPort,
+    'mqtt.openEnrolment': true,
+  },
+  {},
 );
+const store = new SqliteStore(bridgeConfig.dataDir, log, { backgroundCheckpoints: true });
+const bridge = await Bridge.start({ config: bridgeConfig, store, log, now: Date.now });
+const closeBridge = async () => {
+  await bridge.stop();
+  store.close();
+};
 const broker = bridge.broker!;
 
 const isRoot = process.getuid?.() === 0;
@@ -68,7 +72,7 @@ try {
   agent = await Agent.start({ config, log: agentLog, env: {} });
 } catch (err) {
   console.error(err instanceof ConfigError ? err.message : `cannot start the agent: ${String(err)}`);
-  await bridge.close();
+  await closeBridge();
   process.exit(1);
 }
 
@@ -122,7 +126,7 @@ const stop = async () => {
   if (stopping) return;
   stopping = true;
   await agent.stop();
-  await bridge.close();
+  await closeBridge();
   process.exit(0);
 };
 process.once('SIGINT', () => void stop());

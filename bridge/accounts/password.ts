@@ -11,6 +11,7 @@
  * route when to store a fresh one.
  */
 import { randomBytes, scrypt, timingSafeEqual } from 'node:crypto';
+import type { BridgeConfig } from '../config.js';
 
 export interface ScryptParams {
   /** log2 of the CPU/memory cost N. */
@@ -224,4 +225,14 @@ export class PasswordHasher {
     const next = this.queue.shift();
     if (next) next();
   }
+}
+
+/** The password hasher the config asks for (`accounts`). */
+export function hasherFor(config: BridgeConfig): PasswordHasher {
+  const a = config.accounts;
+  return new PasswordHasher({
+    params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
+    maxConcurrent: a.hashConcurrency,
+    maxQueued: a.hashQueue,
+  });
 }

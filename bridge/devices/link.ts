@@ -37,6 +37,8 @@ export interface LinkOptions {
   /** Persistent session at the broker. */
   persistent: boolean;
   log: Logger;
+  /** The bridge's clock: the `now` a device that reads it gets with every `down/` payload. */
+  now: () => number;
   /**
    * Per-device limits, applied to each message before it is decoded. An external broker does not apply them, and
    * the bridge cannot disconnect a device there: a device over its limits is ignored for the penalty instead.
@@ -65,7 +67,7 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
 
   constructor(
     protected readonly log: Logger,
-    private readonly now: () => number = Date.now,
+    private readonly now: () => number,
     private readonly deviceLimits?: DeviceRateLimiter,
   ) {
     super();
@@ -160,7 +162,7 @@ export class DeviceLink extends LinkBase {
   private isUp = false;
 
   constructor(private readonly opts: LinkOptions) {
-    super(opts.log, Date.now, opts.deviceLimits);
+    super(opts.log, opts.now, opts.deviceLimits);
   }
 
   get connected(): boolean {
@@ -262,8 +264,9 @@ export class EmbeddedLink extends LinkBase {
   constructor(
     private readonly aedes: Aedes,
     log: Logger,
+    now: () => number,
   ) {
-    super(log);
+    super(log, now);
   }
 
   get connected(): boolean {

@@ -99,8 +99,9 @@ export function isMailError(err: unknown): err is MailError {
   return err instanceof MailError;
 }
 
-export function createMailer(config: MailConfig, log: Logger): Mailer {
-  return config.smtp ? new SmtpMailer(config.from, config.smtp, log) : new OutboxMailer(config, log);
+/** `now`: the clock that dates outbox messages (the bridge passes its own). */
+export function createMailer(config: MailConfig, log: Logger, now: () => number = Date.now): Mailer {
+  return config.smtp ? new SmtpMailer(config.from, config.smtp, log) : new OutboxMailer(config, log, now);
 }
 
 /**
@@ -201,6 +202,7 @@ class OutboxMailer implements Mailer {
   constructor(
     config: MailConfig,
     private readonly log: Logger,
+    private readonly now: () => number,
   ) {
     this.dir = config.outboxDir;
     this.from = config.from;
@@ -218,7 +220,7 @@ class OutboxMailer implements Mailer {
   private write(mail: Mail): void {
     if (this.closed) throw new MailError('closed');
     checkMail(mail);
-    const now = new Date();
+    const now = new Date(this.now());
     const stamp = now.toISOString().replace(/[-:.]/g, '');
     this.seq = (this.seq + 1) % 1_000_000;
     const rand = randomBytes(4).toString('hex');

@@ -11,7 +11,7 @@ import type { FastifyInstance } from 'fastify';
 import { afterEach, describe, expect, it } from 'vitest';
 import { PasswordHasher } from '../../bridge/accounts/password.js';
 import { buildApp } from '../../bridge/app.js';
-import { ensureDefaultFrontend } from '../../bridge/cli.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';

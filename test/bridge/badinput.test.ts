@@ -12,7 +12,7 @@ import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PasswordHasher } from '../../bridge/accounts/password.js';
 import { buildApp } from '../../bridge/app.js';
-import { ensureDefaultFrontend } from '../../bridge/cli.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { ERRORS } from '../../bridge/errors.js';
 import { createMailer } from '../../bridge/mail/mailer.js';

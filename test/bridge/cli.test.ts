@@ -1,13 +1,16 @@
 /**
- * `devcloud-bridge` as an operator runs it: a real process from source, its exit codes, what it prints, the
- * frontend commands on a real database, and a running bridge that answers HTTP and stops on SIGTERM.
+ * `devcloud-bridge` as an operator runs it: its exit codes, what it prints and logs, the frontend commands on a
+ * real database (through `runCli`, in this process, as `bridge/main.ts` calls it), and a real process from source
+ * that answers HTTP and stops on SIGTERM.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { type Server, createServer } from 'node:net';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { Writable } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
+import { runCli } from '../../bridge/cli.js';
 import { ROOT, tempDir } from '../support/agent.js';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -30,6 +33,7 @@ function cleanEnv(): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: confDir };
 }
 
+/** `devcloud-bridge` as a real process from source. */
 function start(args: string[]): ChildProcess {
   const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bridge/main.ts'), ...args], {
     cwd: ROOT,
@@ -44,12 +48,11 @@ function start(args: string[]): ChildProcess {
 
 interface Result {
   code: number | null;
-  signal: NodeJS.Signals | null;
   stdout: string;
   stderr: string;
 }
 
-function collect(proc: ChildProcess): Promise<Result> {
+function collect(proc: ChildProcess): Promise<Result & { signal: NodeJS.Signals | null }> {
   let stdout = '';
   let stderr = '';
   proc.stdout?.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -57,9 +60,25 @@ function collect(proc: ChildProcess): Promise<Result> {
   return new Promise((resolve) => proc.once('close', (code, signal) => resolve({ code, signal, stdout, stderr })));
 }
 
-/** Runs the CLI to completion. */
-function bridge(...args: string[]): Promise<Result> {
-  return collect(start(args));
+/**
+ * Runs the CLI to completion in this process, on a clean host's environment. What the process would print to
+ * stdout, its output and its log (JSON lines), is `stdout`.
+ */
+async function bridge(...args: string[]): Promise<Result> {
+  let stdout = '';
+  let stderr = '';
+  const log = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      stdout += chunk.toString();
+      done();
+    },
+  });
+  const code = await runCli(
+    args,
+    { out: (s) => (stdout += `${s}\n`), err: (s) => (stderr += `${s}\n`), log },
+    cleanEnv(),
+  );
+  return { code, stdout, stderr };
 }
 
 /** The non-empty lines of some output. */

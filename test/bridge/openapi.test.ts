@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { HasherBusyError, PasswordHasher } from '../../bridge/accounts/password.js';
 import { buildApp } from '../../bridge/app.js';
-import { ensureDefaultFrontend } from '../../bridge/cli.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import type { UpMessage } from '../../bridge/devices/link.js';
 import { DeviceService } from '../../bridge/devices/service.js';

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import mqtt from 'mqtt';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../bridge/app.js';
-import { hasherFor } from '../../bridge/cli.js';
+import { hasherFor } from '../../bridge/accounts/password.js';
 import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { HealthObject } from '../../bridge/health.js';
 import { createMailer } from '../../bridge/mail/mailer.js';

@@ -12,11 +12,14 @@ import https from 'node:https';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
-import { buildApp, createDeviceService } from '../../bridge/app.js';
+import { hasherFor } from '../../bridge/accounts/password.js';
+import { buildApp } from '../../bridge/app.js';
+import { Bridge } from '../../bridge/bridge.js';
 import { CommandService } from '../../bridge/commands/service.js';
+import { createDeviceService } from '../../bridge/devices/create.js';
 import type { DeviceService } from '../../bridge/devices/service.js';
-import { type RunningBridge, ensureDefaultFrontend, hasherFor, startBridge } from '../../bridge/cli.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { type Frontend, ProductConfig } from '../../bridge/store/types.js';
@@ -336,7 +339,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
 }
 
 export interface LiveBridge {
-  bridge: RunningBridge;
+  bridge: Bridge<SqliteStore>;
   config: BridgeConfig;
   sink: LogSink;
   dataDir: string;
@@ -346,18 +349,13 @@ export interface LiveBridge {
   mqttUrl: string;
   /** A new client with an empty cookie jar. */
   client(): HttpClient;
-  /** Stops the bridge; the data directory stays unless `remove`. */
+  /** Stops the bridge and closes its store; the data directory stays unless `remove`. */
   close(remove?: boolean): Promise<void>;
 }
 
-/**
- * The whole bridge as `devcloud-bridge run` starts it (`startBridge`): HTTP on a free port, and the embedded
- * broker on a free port unless `config.mqtt.url` names an external one. The real clock; scrypt at its cheapest.
- */
-export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?: string } = {}): Promise<LiveBridge> {
-  const dataDir = opts.dataDir ?? tempDir('devcloud-bridge-');
-  const over = opts.config ?? {};
-  const config = BridgeConfigSchema.parse({
+/** The config of a whole bridge in a test: free ports, open enrolment, scrypt at its cheapest, generous limits. */
+export function liveBridgeConfig(dataDir: string, over: ConfigOverrides = {}): BridgeConfig {
+  return BridgeConfigSchema.parse({
     ...over,
     dataDir,
     http: { port: 0, ...over.http },
@@ -380,9 +378,26 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
       ...over.rateLimits,
     },
   });
+}
+
+/**
+ * The whole bridge as `devcloud-bridge run` starts it (`Bridge.start`, bridge/bridge.ts): HTTP on a free port, and
+ * the embedded broker on a free port unless `config.mqtt.url` names an external one. The real clock; scrypt at its
+ * cheapest.
+ */
+export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?: string } = {}): Promise<LiveBridge> {
+  const dataDir = opts.dataDir ?? tempDir('devcloud-bridge-');
+  const config = liveBridgeConfig(dataDir, opts.config);
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
-  const bridge = await startBridge(config, log);
+  const store = new SqliteStore(dataDir, log, { backgroundCheckpoints: true });
+  let bridge: Bridge<SqliteStore>;
+  try {
+    bridge = await Bridge.start({ config, store, log, now: Date.now });
+  } catch (err) {
+    store.close();
+    throw err;
+  }
   const send = fetchSend(bridge.url);
   return {
     bridge,
@@ -393,7 +408,11 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
     mqttUrl: bridge.broker?.url ?? config.mqtt.url!,
     client: () => new HttpClient(send),
     async close(remove = true) {
-      await bridge.close();
+      try {
+        await bridge.stop();
+      } finally {
+        store.close();
+      }
       if (remove) rmSync(dataDir, { recursive: true, force: true });
     },
   };
