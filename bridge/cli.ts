@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { ConfigError, formatOptions, parseArgs } from '../lib/config.js';
 import { createLogger } from '../lib/log.js';
+import { readMqttTls } from '../lib/mqtt-options.js';
 import { isStorageFull } from '../lib/sqlite.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
@@ -332,9 +333,10 @@ export async function startBridge(
     await fail(new Error(`cannot read the MQTT password file: ${(err as Error).message}`));
   }
   try {
-    if (config.mqtt.caFile !== undefined) mqttCa = readFileSync(config.mqtt.caFile);
+    // `cannot read the MQTT CA file: …` when it cannot be read.
+    mqttCa = readMqttTls({ caFile: config.mqtt.caFile }).ca;
   } catch (err) {
-    await fail(new Error(`cannot read the MQTT CA file: ${(err as Error).message}`));
+    await fail(err);
   }
   try {
     await app.listen({ host: config.host, port: config.http.port });
