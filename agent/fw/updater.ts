@@ -2,8 +2,8 @@
  * The interpreter of the firmware state machine (`machine.ts`, DESIGN section 7): it runs the side effect of the
  * saved state, feeds the outcome to the transition function, saves the next state (durably, before its side
  * effect runs), and reports every transition as the `meta` variables `fwstate`, `fwprogress`, `fwname`,
- * `fwerror`, `fwerrorcode` and `fwversion`. On start it resumes from the saved state; the loop counter (`attempts`) turns a
- * crash loop into `failed` before the switch and into a rollback after it.
+ * `fwerror`, `fwerrorcode` and `fwversion`. On start it resumes from the saved state; the loop counter
+ * (`attempts`) turns a crash loop into `failed` before the switch and into a rollback after it.
  */
 import { readlinkSync } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
@@ -91,7 +91,6 @@ const fail = (code: FwFailureCode, error: string): Extract<FwEvent, { type: 'fai
   error,
 });
 
-/** The code of a failure no step foresaw (an exception out of a state's work): the step's own. */
 /** The programs a step runs: the restart or reboot, and the command installer's actions. */
 type Step = 'restart' | 'reboot' | 'install' | 'switch' | 'commit' | 'rollback';
 
@@ -104,6 +103,7 @@ const VERIFY_CODE: { readonly [R in VerifyFailure]: FwFailureCode } = {
   unreadable: 'image-unreadable',
 };
 
+/** The code of a failure no step foresaw (an exception out of a state's work): the step's own. */
 const STEP_CODE: { readonly [S in ActiveState]: FwFailureCode } = {
   downloading: 'download',
   verifying: 'verify',
