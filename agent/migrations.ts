@@ -4,7 +4,7 @@
  */
 import type { Migration } from '../lib/sqlite.js';
 import { COMMAND_MIGRATION, COMMAND_PROCESS_MIGRATION } from './commands/queue.js';
-import { FIRMWARE_MIGRATION } from './fw/store.js';
+import { FIRMWARE_ERROR_CODE_MIGRATION, FIRMWARE_MIGRATION } from './fw/store.js';
 import { UNVERIFIED_MIGRATION, VAR_MIGRATIONS } from './vars/store.js';
 
 export const AGENT_MIGRATIONS: readonly Migration[] = [
@@ -13,4 +13,5 @@ export const AGENT_MIGRATIONS: readonly Migration[] = [
   FIRMWARE_MIGRATION,
   COMMAND_PROCESS_MIGRATION,
   UNVERIFIED_MIGRATION,
+  FIRMWARE_ERROR_CODE_MIGRATION,
 ];

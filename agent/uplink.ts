@@ -7,10 +7,10 @@
  * next connect (see vars/sync.ts), so a fresh client is made for every attempt.
  */
 import { EventEmitter } from 'node:events';
-import { readFileSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
 import type { Logger } from '../lib/log.js';
+import { mqttClientOptions, readMqttTls } from '../lib/mqtt-options.js';
 import { safeUrl } from '../lib/url.js';
 import {
   ENROL_TOPIC,
@@ -239,31 +239,36 @@ export class Uplink extends EventEmitter<UplinkEvents> {
     client.on('error', () => undefined);
   }
 
-  private clientOptions(): IClientOptions {
+  /**
+   * The device's connection (docs/protocol.md, "Connecting"); with `login`, the enrolment request's, which has no
+   * last will. Throws when a TLS file cannot be read (read again at every connect, so a rotation is picked up).
+   */
+  private clientOptions(login?: { username: string; password: string }): IClientOptions {
     const o = this.opts;
-    const opts: IClientOptions = {
-      clientId: o.deviceId,
-      username: o.username,
-      password: o.password,
+    return mqttClientOptions({
+      clientId: login?.username ?? o.deviceId,
+      username: login?.username ?? o.username,
+      password: login?.password ?? o.password,
+      // The broker keeps nothing for the device: the cloud sends what it missed when it sees the hello.
       clean: true,
-      keepalive: o.keepaliveSec,
-      connectTimeout: o.connectTimeoutMs,
-      reconnectPeriod: 0,
-      queueQoSZero: false,
-      // Otherwise mqtt-packet builds a table of 65,536 two-byte buffers (about 7 MB of heap) on its first write.
-      writeCache: false,
-      will: {
-        topic: topicFor(o.deviceId, 'state'),
-        payload: encode('state', 'offline'),
-        qos: 0,
-        retain: true,
-      },
+      keepaliveSec: o.keepaliveSec,
+      connectTimeoutMs: o.connectTimeoutMs,
+      // The uplink reconnects itself, with backoff and jitter (docs/agent.md, reconnect backoff).
+      reconnectPeriodMs: 0,
+      lean: true,
+      ...(login
+        ? {}
+        : {
+            will: {
+              topic: topicFor(o.deviceId, 'state'),
+              payload: encode('state', 'offline'),
+              qos: 0 as const,
+              retain: true,
+            },
+          }),
+      tls: readMqttTls(o),
       rejectUnauthorized: o.rejectUnauthorized,
-    };
-    if (o.caFile) opts.ca = readFileSync(o.caFile);
-    if (o.certFile) opts.cert = readFileSync(o.certFile);
-    if (o.keyFile) opts.key = readFileSync(o.keyFile);
-    return opts;
+    });
   }
 
   private connect(): void {
@@ -333,14 +338,7 @@ export class Uplink extends EventEmitter<UplinkEvents> {
    */
   private async requestEnrolment(enrol: { username: string; password: string }): Promise<void> {
     const log = this.opts.log;
-    const options: IClientOptions = {
-      ...this.clientOptions(),
-      clientId: enrol.username,
-      username: enrol.username,
-      password: enrol.password,
-    };
-    delete options.will;
-    const client = mqtt.connect(this.opts.url, options);
+    const client = mqtt.connect(this.opts.url, this.clientOptions(enrol));
     client.on('error', () => undefined);
     try {
       await new Promise<void>((resolve, reject) => {

@@ -469,7 +469,8 @@ async function baseline(c: Ctx, jobs: FirmwareJobStore, tmp: string, n: number):
       extra: { fsyncMs, listMs: list.ms, listVerboseMs: listVerbose.ms },
     };
   } finally {
-    jobs.end(jobId, 'bench-baseline', Date.now());
+    // Over once the baseline has the image; no device ever ran it.
+    jobs.end(jobId, 'abandoned', Date.now());
     rmSync(dir, { recursive: true, force: true });
   }
 }

@@ -11,6 +11,7 @@ import { readFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from '../lib/log.js';
 import { isStorageFull } from '../lib/sqlite.js';
+import { readMqttTls } from '../lib/mqtt-options.js';
 import { safeUrl } from '../lib/url.js';
 import { hasherFor } from './accounts/password.js';
 import { buildApp } from './app.js';
@@ -66,7 +67,8 @@ function readSecrets(config: BridgeConfig): Secrets {
     // In this order: of several files that cannot be read, the start names the first.
     enrolPassword: m.url === undefined && m.openEnrolment ? text('enrolment password', m.enrolPasswordFile) : undefined,
     mqttPassword: text('MQTT password', m.passwordFile),
-    mqttCa: m.caFile === undefined ? undefined : readCredential('MQTT CA', m.caFile),
+    // `cannot read the MQTT CA file: …` when it cannot be read.
+    mqttCa: readMqttTls({ caFile: m.caFile }).ca,
   };
 }
 

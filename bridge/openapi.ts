@@ -419,7 +419,7 @@ function firmwareJobRoutes(): Route[] {
       '`{image}` is the image name as in `GET /0/firmware/`, slashes included. The device must be `connected` in ' +
       "`d` `mode` and in `meta` `state`, its `meta` `platform` must be in the image's `info.platforms.from`, and " +
       'no update of it may be running. The job goes to the device on `down/fw`; its progress shows as `meta` ' +
-      `\`fwstate\`, \`fwprogress\`, \`fwname\`, \`fwerror\`. ${who}`,
+      `\`fwstate\`, \`fwprogress\`, \`fwname\`, \`fwerror\`, \`fwerrorcode\`. ${who}`,
     session: 'required',
     responses: {
       200: { description: 'The update started.', tokens: ['device-ok'] },

@@ -6,6 +6,7 @@
  * `docs/protocol.md` shows an example of each.
  */
 import { z } from 'zod';
+import { isFwFailureCode } from './firmware.js';
 import type { TopicName } from './topics.js';
 
 /** Decision 12: variable names. */
@@ -163,12 +164,21 @@ export const HelloMessage = z
   .strict();
 export type HelloMessage = z.infer<typeof HelloMessage>;
 
-/** `up/meta`: meta variables reported by the device (firmware state, uptime, ...). */
+/**
+ * `up/meta`: meta variables reported by the device (firmware state, uptime, ...). One entry has a fixed set of
+ * values: `fwerrorcode`, optional (an agent that predates it sends none), is empty or one of `FW_FAILURE_CODES` (firmware.ts).
+ */
 export const MetaMessage = z
   .object({
     id: MessageId,
     ts: Stamp,
-    meta: z.record(VarName, z.string().max(4096)).refine((m) => Object.keys(m).length > 0, 'meta is empty'),
+    meta: z
+      .record(VarName, z.string().max(4096))
+      .refine((m) => Object.keys(m).length > 0, 'meta is empty')
+      .refine((m) => m.fwerrorcode === undefined || m.fwerrorcode === '' || isFwFailureCode(m.fwerrorcode), {
+        message: 'not a firmware failure code',
+        path: ['fwerrorcode'],
+      }),
   })
   .strict();
 export type MetaMessage = z.infer<typeof MetaMessage>;

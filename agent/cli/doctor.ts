@@ -16,10 +16,11 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { dirname, join } from 'node:path';
-import mqtt, { type IClientOptions } from 'mqtt';
+import mqtt from 'mqtt';
 import { z } from 'zod';
 import { type AgentConfig, defaultConfigFile, socketPath } from '../config.js';
 import { Identity, identityPath } from '../identity.js';
+import { MqttTlsFileError, type MqttTls, mqttClientOptions, readMqttTls } from '../../lib/mqtt-options.js';
 import { safeUrl } from '../../lib/url.js';
 import { socketDenied, tryConnect } from './status.js';
 
@@ -308,35 +309,32 @@ export async function checkBroker(
     };
   }
   const timeout = Math.min(BROKER_TIMEOUT_MS, config.mqtt.connectTimeoutMs);
-  const opts: IClientOptions = {
+  let tls: MqttTls;
+  try {
+    tls = readMqttTls(config.mqtt);
+  } catch (err) {
+    if (!(err instanceof MqttTlsFileError)) throw err;
+    return {
+      status: 'FAIL',
+      what: `broker ${url}: cannot read mqtt.${err.key} ${err.file} (${err.code})`,
+      todo: 'fix the path or the file',
+    };
+  }
+  const opts = mqttClientOptions({
     // The device's own client id, as the agent logs in; the agent is not connected, so nothing is taken over.
     clientId: identity.deviceId,
     username,
     password,
     clean: true,
-    reconnectPeriod: 0,
-    connectTimeout: timeout,
+    // mqtt.js's default: the check ends long before a keepalive is due.
+    keepaliveSec: 60,
+    connectTimeoutMs: timeout,
+    // One attempt: the check reports what it met.
+    reconnectPeriodMs: 0,
+    lean: false,
+    tls,
     rejectUnauthorized: config.mqtt.rejectUnauthorized,
-  };
-  for (const [key, file] of [
-    ['caFile', config.mqtt.caFile],
-    ['certFile', config.mqtt.certFile],
-    ['keyFile', config.mqtt.keyFile],
-  ] as const) {
-    if (file === undefined) continue;
-    try {
-      const pem = readFileSync(file);
-      if (key === 'caFile') opts.ca = pem;
-      else if (key === 'certFile') opts.cert = pem;
-      else opts.key = pem;
-    } catch (err) {
-      return {
-        status: 'FAIL',
-        what: `broker ${url}: cannot read mqtt.${key} ${file} (${errCode(err)})`,
-        todo: 'fix the path or the file',
-      };
-    }
-  }
+  });
   let client: mqtt.MqttClient;
   try {
     client = mqtt.connect(config.mqtt.url, opts);

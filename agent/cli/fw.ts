@@ -108,7 +108,7 @@ async function offline(config: AgentConfig, op: FwOp, io: Out): Promise<Record<s
       }
       const job = await fw.settled();
       if (job && job.state === 'rollingback') {
-        io.err(`devcloud-agent: the rollback did not finish: ${job.error}`);
+        io.err(`devcloud-agent: the rollback did not finish: ${withCode(job.error, job.errorCode)}`);
         return EXIT.failed;
       }
     }
@@ -118,6 +118,11 @@ async function offline(config: AgentConfig, op: FwOp, io: Out): Promise<Record<s
   }
 }
 
+/** An error as `fw status` and `status` print it: its code (`fwerrorcode`) first, when it has one. */
+export function withCode(error: string, code: string | undefined): string {
+  return code ? `[${code}] ${error}` : error;
+}
+
 function printStatus(s: Record<string, unknown>, io: Out): void {
   const job = s.job as {
     id: string;
@@ -125,10 +130,11 @@ function printStatus(s: Record<string, unknown>, io: Out): void {
     version: number;
     progress: number;
     error: string;
+    errorCode?: string;
     attempts: number;
     fromSlot: string | null;
     toSlot: string | null;
-    steps: Array<{ state: string; at: number; error: string }>;
+    steps: Array<{ state: string; at: number; error: string; errorCode?: string }>;
   } | null;
   io.out(`state    ${String(s.state)}`);
   io.out(`version  ${String(s.version)} (running)`);
@@ -140,9 +146,10 @@ function printStatus(s: Record<string, unknown>, io: Out): void {
   }
   io.out(`job      ${job.id}  ${job.name} version ${job.version}  progress ${job.progress}%  attempt ${job.attempts}`);
   if (job.fromSlot || job.toSlot) io.out(`         from slot ${job.fromSlot ?? '?'} to slot ${job.toSlot ?? '?'}`);
-  if (job.error) io.out(`error    ${job.error}`);
+  if (job.error) io.out(`error    ${withCode(job.error, job.errorCode)}`);
   io.out('steps');
   for (const st of job.steps) {
-    io.out(`  ${new Date(st.at).toISOString()}  ${st.state.padEnd(11)}${st.error ? `  ${st.error}` : ''}`);
+    const error = st.error ? `  ${withCode(st.error, st.errorCode)}` : '';
+    io.out(`  ${new Date(st.at).toISOString()}  ${st.state.padEnd(11)}${error}`);
   }
 }

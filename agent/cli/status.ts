@@ -16,6 +16,7 @@ import { LocalClient } from '../local/client.js';
 import type { QueueJson } from '../local/messages.js';
 import { AGENT_MIGRATIONS } from '../migrations.js';
 import { VarStore } from '../vars/store.js';
+import { withCode } from './fw.js';
 import { formatFields } from './logs.js';
 
 interface Out {
@@ -243,7 +244,7 @@ function printFirmware(fw: Json | null, io: Out): void {
   if (!job) row(io, 'job', 'none received');
   else {
     row(io, 'job', `${String(job.id)}  ${String(job.name)} version ${String(job.version)}, ${String(job.progress)}%`);
-    if (job.error) row(io, 'error', str(job.error));
+    if (job.error) row(io, 'error', withCode(str(job.error), typeof job.errorCode === 'string' ? job.errorCode : ''));
   }
 }
 

@@ -8,28 +8,17 @@
  *
  * Before the switch nothing that runs has changed, so a failure ends in `failed` and a cancel in `cancelled`.
  * From the switch on, the only way back is a rollback, and a cancel is refused.
+ *
+ * The states and the failure codes are part of the wire contract (`protocol/firmware.ts`): the agent reports them
+ * as `meta` `fwstate` and `fwerrorcode`.
  */
+import { type FwFailureCode, type FwFinalState, type FwState, isFwFinalState } from '../../protocol/firmware.js';
 
-export const FW_STATES = [
-  'idle',
-  'downloading',
-  'verifying',
-  'installing',
-  'switching',
-  'restarting',
-  'committing',
-  'done',
-  'rollingback',
-  'rolledback',
-  'failed',
-  'cancelled',
-] as const;
-export type FwState = (typeof FW_STATES)[number];
+export { FW_STATES, type FwState, isFwState } from '../../protocol/firmware.js';
 
 /** States in which the agent has work to do; each has one side effect in the interpreter. */
-export type ActiveState =
-  'downloading' | 'verifying' | 'installing' | 'switching' | 'restarting' | 'committing' | 'rollingback';
-export type FinalState = 'done' | 'rolledback' | 'failed' | 'cancelled';
+export type ActiveState = Exclude<FwState, 'idle' | FinalState>;
+export type FinalState = FwFinalState;
 
 interface Row {
   /** Where the state's work leads when it succeeds. */
@@ -54,18 +43,12 @@ export const TRANSITIONS: { readonly [S in ActiveState]: Row } = {
   rollingback: { ok: 'rolledback', fail: 'stay', afterSwitch: true },
 };
 
-const FINAL: ReadonlySet<FwState> = new Set<FwState>(['done', 'rolledback', 'failed', 'cancelled']);
-
 export function isActive(state: FwState): state is ActiveState {
   return Object.hasOwn(TRANSITIONS, state);
 }
 
 export function isFinal(state: FwState): state is FinalState {
-  return FINAL.has(state);
-}
-
-export function isFwState(s: string): s is FwState {
-  return (FW_STATES as readonly string[]).includes(s);
+  return isFwFinalState(state);
 }
 
 /** Whether the slot that runs may be the new image (a cancel is refused from here on). */
@@ -76,8 +59,8 @@ export function afterSwitch(state: FwState): boolean {
 export type FwEvent =
   /** The state's work succeeded. */
   | { type: 'ok' }
-  /** The state's work failed; `error` is what `fwerror` reports. */
-  | { type: 'fail'; error: string }
+  /** The state's work failed; `error` is what `fwerror` reports, `code` what `fwerrorcode` reports. */
+  | { type: 'fail'; error: string; code: FwFailureCode }
   /** `DELETE …/fw` from the cloud. */
   | { type: 'cancel' }
   /**
@@ -92,11 +75,17 @@ export type FwEvent =
   /** `devcloud-agent fw rollback`: go back to the slot that ran before the update. */
   | { type: 'rollback'; reason: string };
 
+/** Why a transition happened, when something went wrong or the update was stopped: `fwerror` and `fwerrorcode`. */
+export interface Failure {
+  error: string;
+  code: FwFailureCode;
+}
+
 export type Transition =
-  /** Move to `to` (which may equal the current state: run its work again). `error` replaces `fwerror`. */
-  | { kind: 'move'; to: FwState; error?: string }
+  /** Move to `to` (which may equal the current state: run its work again). `failure` replaces the job's. */
+  | { kind: 'move'; to: FwState; failure?: Failure }
   /** Nothing to do now: the state waits for the next start or an engineer. */
-  | { kind: 'stay'; error?: string }
+  | { kind: 'stay'; failure?: Failure }
   /** The event does not apply in this state; `why` is said to whoever asked. */
   | { kind: 'refused'; why: string };
 
@@ -117,20 +106,22 @@ export function transition(state: FwState, event: FwEvent): Transition {
     case 'fail': {
       if (!isActive(state)) throw new ImpossibleTransition(state, event.type);
       const to = TRANSITIONS[state].fail;
-      return to === 'stay' ? { kind: 'stay', error: event.error } : { kind: 'move', to, error: event.error };
+      const failure = { error: event.error, code: event.code };
+      return to === 'stay' ? { kind: 'stay', failure } : { kind: 'move', to, failure };
     }
     case 'cancel': {
       if (!isActive(state)) return { kind: 'refused', why: `no update is running (state ${state})` };
       const to = TRANSITIONS[state].cancel;
       if (to === undefined) return { kind: 'refused', why: `the active slot has been switched (state ${state})` };
-      return { kind: 'move', to, error: 'cancelled from the cloud' };
+      return { kind: 'move', to, failure: { error: 'cancelled from the cloud', code: 'cancelled' } };
     }
     case 'resume': {
       if (!isActive(state)) return { kind: 'stay' };
       if (state === 'rollingback') return { kind: 'move', to: state };
       if (event.attempts > event.maxAttempts) {
         const error = `gave up after ${event.maxAttempts} starts of the agent in state ${state}`;
-        return { kind: 'move', to: TRANSITIONS[state].afterSwitch ? 'rollingback' : 'failed', error };
+        const to = TRANSITIONS[state].afterSwitch ? 'rollingback' : 'failed';
+        return { kind: 'move', to, failure: { error, code: 'crash-loop' } };
       }
       // The new process is the restart: what `restarting` waited for has happened.
       if (state === 'restarting' && event.restarted) return { kind: 'move', to: 'committing' };
@@ -142,10 +133,10 @@ export function transition(state: FwState, event: FwEvent): Transition {
     }
     case 'rollback': {
       if (state === 'switching' || state === 'restarting' || state === 'committing' || state === 'done') {
-        return { kind: 'move', to: 'rollingback', error: event.reason };
+        return { kind: 'move', to: 'rollingback', failure: { error: event.reason, code: 'by-hand' } };
       }
       if (state === 'rollingback') return { kind: 'move', to: 'rollingback' };
-      if (isActive(state)) return { kind: 'move', to: 'cancelled', error: event.reason };
+      if (isActive(state)) return { kind: 'move', to: 'cancelled', failure: { error: event.reason, code: 'by-hand' } };
       return { kind: 'refused', why: `there is nothing to roll back (state ${state})` };
     }
   }

@@ -5,7 +5,7 @@
  * outbox of the `meta` report: a state the broker has not acknowledged is reported again on the next connect.
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
-import { type FwState, isFwState } from './machine.js';
+import { type FwFailureCode, type FwState, isFwFailureCode, isFwState } from '../../protocol/firmware.js';
 import type { SlotName } from './slots.js';
 
 export const FIRMWARE_MIGRATION: Migration = (db) => {
@@ -46,6 +46,22 @@ export const FIRMWARE_MIGRATION: Migration = (db) => {
   `);
 };
 
+/**
+ * The code of a job's error (`fwerrorcode`, protocol/firmware.ts) beside its text, in the job and in each step.
+ * Empty while there is no error, and for an error saved before codes were kept.
+ */
+export const FIRMWARE_ERROR_CODE_MIGRATION: Migration = (db) => {
+  db.exec(`
+    ALTER TABLE fw_jobs ADD COLUMN error_code TEXT NOT NULL DEFAULT '';
+    ALTER TABLE fw_steps ADD COLUMN error_code TEXT NOT NULL DEFAULT '';
+  `);
+};
+
+/** A job's or a step's error code: empty when there is no error (or it was saved without one). */
+export type FwErrorCode = FwFailureCode | '';
+
+const errorCode = (s: string): FwErrorCode => (isFwFailureCode(s) ? s : '');
+
 export interface FwJob {
   seq: number;
   id: string;
@@ -60,6 +76,7 @@ export interface FwJob {
   state: FwState;
   stateAt: number;
   error: string;
+  errorCode: FwErrorCode;
   progress: number;
   attempts: number;
   fromSlot: SlotName | null;
@@ -80,6 +97,7 @@ export interface FwStep {
   state: FwState;
   at: number;
   error: string;
+  errorCode: FwErrorCode;
 }
 
 interface Row {
@@ -96,6 +114,7 @@ interface Row {
   state: string;
   state_at: number;
   error: string;
+  error_code: string;
   progress: number;
   attempts: number;
   from_slot: string | null;
@@ -127,6 +146,7 @@ function fromRow(r: Row): FwJob {
     state: r.state,
     stateAt: r.state_at,
     error: r.error,
+    errorCode: errorCode(r.error_code),
     progress: r.progress,
     attempts: r.attempts,
     fromSlot: slot(r.from_slot),
@@ -141,7 +161,8 @@ function fromRow(r: Row): FwJob {
 
 /** What a transition changes besides the state; fields left out keep their value. */
 export interface StatePatch {
-  error?: string;
+  /** The error and its code go together: a new error replaces both. */
+  failure?: { error: string; code: FwFailureCode };
   progress?: number;
   attempts?: number;
   fromSlot?: SlotName;
@@ -181,7 +202,7 @@ export class FwJobStore {
            VALUES (@id, @name, @version, @platform, @url, @token, @size, @sha256, @signature, @state, @now, @now)`,
         )
         .run({ ...job, state, now });
-      this.step(job.id, state, now, '');
+      this.step(job.id, state, now);
     })();
     return this.byId(job.id)!;
   }
@@ -193,6 +214,7 @@ export class FwJobStore {
         .prepare(
           `UPDATE fw_jobs SET state = @state, state_at = @now, reported = 0,
              error = coalesce(@error, error),
+             error_code = coalesce(@errorCode, error_code),
              progress = coalesce(@progress, progress),
              attempts = coalesce(@attempts, attempts),
              from_slot = coalesce(@fromSlot, from_slot),
@@ -206,7 +228,8 @@ export class FwJobStore {
           id,
           state,
           now,
-          error: patch.error ?? null,
+          error: patch.failure?.error ?? null,
+          errorCode: patch.failure?.code ?? null,
           progress: patch.progress ?? null,
           attempts: patch.attempts ?? null,
           fromSlot: patch.fromSlot ?? null,
@@ -215,13 +238,13 @@ export class FwJobStore {
           restartPending: patch.restartPending === undefined ? null : patch.restartPending ? 1 : 0,
           clearToken: patch.token === null ? 1 : 0,
         });
-      this.step(id, state, now, patch.error ?? '');
+      this.step(id, state, now, patch.failure);
     })();
     return this.byId(id)!;
   }
 
   /** Changes fields without a transition (progress, the loop counter, a pending restart done). */
-  patch(id: string, patch: Pick<StatePatch, 'progress' | 'attempts' | 'restartPending' | 'error'>): FwJob {
+  patch(id: string, patch: Pick<StatePatch, 'progress' | 'attempts' | 'restartPending' | 'failure'>): FwJob {
     this.db
       .prepare(
         `UPDATE fw_jobs SET
@@ -229,6 +252,7 @@ export class FwJobStore {
            attempts = coalesce(@attempts, attempts),
            restart_pending = coalesce(@restartPending, restart_pending),
            error = coalesce(@error, error),
+           error_code = coalesce(@errorCode, error_code),
            reported = CASE WHEN @error IS NULL THEN reported ELSE 0 END
          WHERE id = @id`,
       )
@@ -237,7 +261,8 @@ export class FwJobStore {
         progress: patch.progress ?? null,
         attempts: patch.attempts ?? null,
         restartPending: patch.restartPending === undefined ? null : patch.restartPending ? 1 : 0,
-        error: patch.error ?? null,
+        error: patch.failure?.error ?? null,
+        errorCode: patch.failure?.code ?? null,
       });
     return this.byId(id)!;
   }
@@ -260,12 +285,15 @@ export class FwJobStore {
   }
 
   steps(id: string): FwStep[] {
-    const rows = this.db.prepare('SELECT state, at, error FROM fw_steps WHERE job = ? ORDER BY seq').all(id) as Array<{
-      state: string;
-      at: number;
-      error: string;
-    }>;
-    return rows.map((r) => ({ state: isFwState(r.state) ? r.state : 'idle', at: r.at, error: r.error }));
+    const rows = this.db
+      .prepare('SELECT state, at, error, error_code FROM fw_steps WHERE job = ? ORDER BY seq')
+      .all(id) as Array<{ state: string; at: number; error: string; error_code: string }>;
+    return rows.map((r) => ({
+      state: isFwState(r.state) ? r.state : 'idle',
+      at: r.at,
+      error: r.error,
+      errorCode: errorCode(r.error_code),
+    }));
   }
 
   /** Keeps the last `keep` jobs and their steps, and the latest committed one, whose version the agent reports. */
@@ -280,11 +308,13 @@ export class FwJobStore {
   }
 
   /** Records an event of a job that is not a transition (a failed rollback that waits to be tried again). */
-  noteStep(job: string, state: FwState, at: number, error: string): void {
-    this.step(job, state, at, error);
+  noteStep(job: string, state: FwState, at: number, failure: StatePatch['failure']): void {
+    this.step(job, state, at, failure);
   }
 
-  private step(job: string, state: FwState, at: number, error: string): void {
-    this.db.prepare('INSERT INTO fw_steps (job, state, at, error) VALUES (?, ?, ?, ?)').run(job, state, at, error);
+  private step(job: string, state: FwState, at: number, failure?: StatePatch['failure']): void {
+    this.db
+      .prepare('INSERT INTO fw_steps (job, state, at, error, error_code) VALUES (?, ?, ?, ?, ?)')
+      .run(job, state, at, failure?.error ?? '', failure?.code ?? '');
   }
 }

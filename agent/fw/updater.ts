@@ -2,8 +2,8 @@
  * The interpreter of the firmware state machine (`machine.ts`, DESIGN section 7): it runs the side effect of the
  * saved state, feeds the outcome to the transition function, saves the next state (durably, before its side
  * effect runs), and reports every transition as the `meta` variables `fwstate`, `fwprogress`, `fwname`,
- * `fwerror` and `fwversion`. On start it resumes from the saved state; the loop counter (`attempts`) turns a
- * crash loop into `failed` before the switch and into a rollback after it.
+ * `fwerror`, `fwerrorcode` and `fwversion`. On start it resumes from the saved state; the loop counter
+ * (`attempts`) turns a crash loop into `failed` before the switch and into a rollback after it.
  */
 import { readlinkSync } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
@@ -11,11 +11,20 @@ import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
 import { type RunInGroup, runInGroup } from '../../lib/process.js';
 import type { Db } from '../../lib/sqlite.js';
-import { type FwMessage, type MetaMessage, messageId } from '../../protocol/index.js';
+import { type FwFailureCode, type FwMessage, type MetaMessage, messageId } from '../../protocol/index.js';
 import type { AgentConfig } from '../config.js';
 import { DEFAULT_RETRY, type RetryPolicy, downloadWithRetry, isDownloadError } from './download.js';
 import { healthCheck } from './health.js';
-import { type ActiveState, type FwEvent, type FwState, afterSwitch, isActive, isFinal, transition } from './machine.js';
+import {
+  type ActiveState,
+  type Failure,
+  type FwEvent,
+  type FwState,
+  afterSwitch,
+  isActive,
+  isFinal,
+  transition,
+} from './machine.js';
 import {
   type BackgroundListing,
   PROGRAM_STDERR,
@@ -29,7 +38,7 @@ import {
   switchSlot,
 } from './slots.js';
 import { type FwJob, FwJobStore } from './store.js';
-import { loadPublicKeys, verifyImage } from './verify.js';
+import { type VerifyFailure, loadPublicKeys, verifyImage } from './verify.js';
 
 export type FirmwareConfig = AgentConfig['firmware'] & { slotsDir: string };
 
@@ -77,6 +86,36 @@ export function updaterFor(
 
 /** What a state's work came to. `wait`: a restart is under way; this process does nothing more for the job. */
 type Outcome = FwEvent | { type: 'wait' } | { type: 'stopped' };
+
+/** A failed step: `fwerror` says what happened, `fwerrorcode` names it (docs/firmware.md, "Failure codes"). */
+const fail = (code: FwFailureCode, error: string): Extract<FwEvent, { type: 'fail' }> => ({
+  type: 'fail',
+  code,
+  error,
+});
+
+/** The programs a step runs: the restart or reboot, and the command installer's actions. */
+type Step = 'restart' | 'reboot' | 'install' | 'switch' | 'commit' | 'rollback';
+
+/** The code of each reason the verification gives. */
+const VERIFY_CODE: { readonly [R in VerifyFailure]: FwFailureCode } = {
+  size: 'verify-size',
+  sha256: 'verify-sha256',
+  signature: 'signature',
+  'no-keys': 'no-keys',
+  unreadable: 'image-unreadable',
+};
+
+/** The code of a failure no step foresaw (an exception out of a state's work): the step's own. */
+const STEP_CODE: { readonly [S in ActiveState]: FwFailureCode } = {
+  downloading: 'download',
+  verifying: 'verify',
+  installing: 'install',
+  switching: 'switch',
+  restarting: 'restart',
+  committing: 'commit',
+  rollingback: 'rollback',
+};
 
 /** The longest `fwerror` reported; the whole error goes to the log. */
 const MAX_ERROR = 1000;
@@ -178,7 +217,7 @@ export class FirmwareUpdater {
       }
       // The cloud has given up on the job in hand (it sends one job at a time): the new one replaces it.
       this.effect?.abort();
-      this.moveTo(current, 'cancelled', `replaced by job ${msg.job}`);
+      this.moveTo(current, 'cancelled', { error: `replaced by job ${msg.job}`, code: 'replaced' });
     }
     const job = this.store.add(
       {
@@ -259,6 +298,7 @@ export class FirmwareUpdater {
             size: job.size,
             progress: job.progress,
             error: job.error,
+            errorCode: job.errorCode,
             attempts: job.attempts,
             received: job.receivedAt,
             stateAt: job.stateAt,
@@ -298,25 +338,27 @@ export class FirmwareUpdater {
       case 'refused':
         throw new Error(`firmware: ${event.type} refused in ${job.state}: ${t.why}`);
       case 'stay': {
-        if (t.error === undefined) return job;
+        if (t.failure === undefined) return job;
+        const { error, code } = t.failure;
         // The saved error stays the reason for the rollback (what `rolledback` reports in the end); the failure
-        // of the rollback itself is reported beside it while the job waits, and kept in the job's steps.
-        this.o.log.error({ event: 'fw.stuck', job: job.id, state: job.state, error: t.error });
-        this.store.noteStep(job.id, job.state, this.o.now(), clip(t.error));
-        const shown = clip(job.error === '' ? t.error : `${job.error}; then ${t.error}`);
-        this.report({ ...job, error: shown });
+        // of the rollback itself is reported beside it while the job waits, with its code, and kept in the job's
+        // steps.
+        this.o.log.error({ event: 'fw.stuck', job: job.id, state: job.state, error, code });
+        this.store.noteStep(job.id, job.state, this.o.now(), { error: clip(error), code });
+        const shown = clip(job.error === '' ? error : `${job.error}; then ${error}`);
+        this.report({ ...job, error: shown, errorCode: code });
         return job;
       }
       case 'move':
-        return this.moveTo(job, t.to, t.error);
+        return this.moveTo(job, t.to, t.failure);
     }
   }
 
   /** Saves a transition, logs it, reports it. Entering a state records what its side effect will need. */
-  private moveTo(job: FwJob, to: FwState, error?: string): FwJob {
+  private moveTo(job: FwJob, to: FwState, failure?: Failure): FwJob {
     const now = this.o.now();
     const patch: Parameters<FwJobStore['move']>[3] = {};
-    if (error !== undefined) patch.error = clip(error);
+    if (failure !== undefined) patch.failure = { error: clip(failure.error), code: failure.code };
     // The loop counter counts the starts of one stretch: the switch begins the second.
     if (to === 'switching' && job.state !== 'switching') {
       patch.attempts = 1;
@@ -336,9 +378,9 @@ export class FirmwareUpdater {
     const moved = this.store.move(job.id, to, now, patch);
     const line = { event: 'fw.state', job: job.id, from: job.state, to, name: job.name, version: job.version };
     if (to === 'failed' || to === 'rolledback' || to === 'rollingback') {
-      this.o.log.error({ ...line, error: moved.error });
+      this.o.log.error({ ...line, error: moved.error, code: moved.errorCode });
     } else if (to === 'cancelled') {
-      this.o.log.warn({ ...line, error: moved.error });
+      this.o.log.warn({ ...line, error: moved.error, code: moved.errorCode });
     } else {
       this.o.log.info(line);
     }
@@ -353,6 +395,7 @@ export class FirmwareUpdater {
       fwprogress: String(job.progress),
       fwname: job.name,
       fwerror: job.error,
+      fwerrorcode: job.errorCode,
       fwversion: this.version(),
     };
     const { id, state, stateAt } = job;
@@ -410,7 +453,13 @@ export class FirmwareUpdater {
         continue;
       }
       if (outcome.type === 'fail') {
-        this.o.log.warn({ event: 'fw.step_failed', job: job.id, state: job.state, error: outcome.error });
+        this.o.log.warn({
+          event: 'fw.step_failed',
+          job: job.id,
+          state: job.state,
+          error: outcome.error,
+          code: outcome.code,
+        });
       }
       const after = this.apply(now, outcome);
       if (after.state === job.state && after.stateAt === now.stateAt) return;
@@ -449,7 +498,7 @@ export class FirmwareUpdater {
       }
     } catch (err) {
       if (this.stopped) return { type: 'stopped' };
-      return { type: 'fail', error: `${state}: ${err instanceof Error ? err.message : String(err)}` };
+      return fail(STEP_CODE[state], `${state}: ${err instanceof Error ? err.message : String(err)}`);
     } finally {
       if (this.effect === ctl) this.effect = undefined;
     }
@@ -461,9 +510,9 @@ export class FirmwareUpdater {
 
   private async download(job: FwJob, signal: AbortSignal): Promise<Outcome> {
     if (!/^https?:$/.test(safeProtocol(job.url))) {
-      return { type: 'fail', error: `download: the image URL is not an http or https URL` };
+      return fail('download', `download: the image URL is not an http or https URL`);
     }
-    if (job.token === null) return { type: 'fail', error: 'download: the job has no download token' };
+    if (job.token === null) return fail('download', 'download: the job has no download token');
     await mkdir(this.o.imageDir, { recursive: true, mode: 0o700 });
     this.lastProgress = { pct: job.progress, at: 0 };
     try {
@@ -490,7 +539,8 @@ export class FirmwareUpdater {
         return { type: 'stopped' };
       }
       const detail = isDownloadError(err) ? err.message : String(err);
-      return { type: 'fail', error: `download: ${detail}` };
+      const denied = isDownloadError(err) && (err.status === 401 || err.status === 403);
+      return fail(denied ? 'download-denied' : 'download', `download: ${detail}`);
     }
   }
 
@@ -499,7 +549,7 @@ export class FirmwareUpdater {
     try {
       keys = await loadPublicKeys(this.o.config.publicKeys);
     } catch (err) {
-      return { type: 'fail', error: `verify: ${(err as Error).message}` };
+      return fail('bad-key', `verify: ${(err as Error).message}`);
     }
     const identity = {
       name: job.name,
@@ -524,7 +574,7 @@ export class FirmwareUpdater {
     if (!r.ok) {
       this.listing?.listing.abort();
       this.listing = undefined;
-      return { type: 'fail', error: `verify (${r.reason}): ${r.detail}` };
+      return fail(VERIFY_CODE[r.reason], `verify (${r.reason}): ${r.detail}`);
     }
     this.o.log.info({ event: 'fw.verified', job: job.id, key: this.o.config.publicKeys[r.keyIndex] });
     return { type: 'ok' };
@@ -579,13 +629,13 @@ export class FirmwareUpdater {
       return { type: 'ok' };
     } catch (err) {
       const code = isInstallError(err) ? err.code : 'io';
-      return { type: 'fail', error: `install (${code}): ${(err as Error).message}` };
+      return fail(code === 'io' ? 'install' : code, `install (${code}): ${(err as Error).message}`);
     }
   }
 
   private async switchSlots(job: FwJob): Promise<Outcome> {
     if (this.o.config.installer === 'command') return (await this.installer(job, 'switch')) ?? { type: 'ok' };
-    if (job.toSlot === null) return { type: 'fail', error: 'switch: the slot the image was installed into is unknown' };
+    if (job.toSlot === null) return fail('switch', 'switch: the slot the image was installed into is unknown');
     await switchSlot(this.o.config.slotsDir, job.toSlot);
     this.o.log.info({ event: 'fw.switched', job: job.id, active: job.toSlot, previous: job.fromSlot });
     return { type: 'ok' };
@@ -643,8 +693,7 @@ export class FirmwareUpdater {
     const h = cfg.health;
     const deadline = (job.switchedAt ?? job.stateAt) + h.commitTimeoutMs;
     const left = deadline - this.o.now();
-    if (left <= 0)
-      return { type: 'fail', error: `commit: not found healthy within ${h.commitTimeoutMs} ms of the switch` };
+    if (left <= 0) return fail('health', `commit: not found healthy within ${h.commitTimeoutMs} ms of the switch`);
     if (h.command !== undefined || h.url !== undefined) {
       const ctl = new AbortController();
       const timer = setTimeout(() => ctl.abort(), left);
@@ -665,7 +714,7 @@ export class FirmwareUpdater {
         if (signal.aborted) return { type: 'stopped' };
         if (!r.healthy) {
           const why = r.aborted ? `health check: not healthy within ${h.commitTimeoutMs} ms of the switch` : r.reason;
-          return { type: 'fail', error: why };
+          return fail('health', why);
         }
         this.o.log.info({ event: 'fw.healthy', job: job.id, attempts: r.attempts });
       } finally {
@@ -683,7 +732,7 @@ export class FirmwareUpdater {
   private async rollBack(job: FwJob): Promise<Outcome> {
     const cfg = this.o.config;
     if (cfg.installer === 'command') return (await this.installer(job, 'rollback')) ?? { type: 'ok' };
-    if (job.fromSlot === null) return { type: 'fail', error: 'rollback: the slot that ran before is unknown' };
+    if (job.fromSlot === null) return fail('rollback', 'rollback: the slot that ran before is unknown');
     await restoreSlot(cfg.slotsDir, job.fromSlot);
     this.o.log.warn({ event: 'fw.rolled_back', job: job.id, active: job.fromSlot });
     return { type: 'ok' };
@@ -696,7 +745,9 @@ export class FirmwareUpdater {
   }
 
   /** Runs a program of a step; `undefined` when it exits 0, a `fail` event otherwise. */
-  private async runStep(job: FwJob, argv: readonly string[], step: string): Promise<FwEvent | undefined> {
+  private async runStep(job: FwJob, argv: readonly string[], step: Step): Promise<FwEvent | undefined> {
+    // A reboot is the restart of `firmware.restart: reboot`.
+    const code = step === 'reboot' ? 'restart' : step;
     const [file, ...args] = argv;
     this.o.log.info({ event: 'fw.exec', job: job.id, step, command: argv.join(' ') });
     // In its own process group (runInGroup): the timeout kills what it started too. Its stdout is discarded.
@@ -707,10 +758,9 @@ export class FirmwareUpdater {
       stderr: PROGRAM_STDERR,
       timeoutMs: this.o.config.installTimeoutMs,
     });
-    if (r.kind === 'spawn-error') return { type: 'fail', error: `${step}: cannot run ${file}: ${r.error.message}` };
-    if (r.timedOut)
-      return { type: 'fail', error: `${step}: ${file} ran longer than ${this.o.config.installTimeoutMs} ms` };
-    if (r.code !== 0) return { type: 'fail', error: `${step}: ${file} failed (${describeExit(r)})` };
+    if (r.kind === 'spawn-error') return fail(code, `${step}: cannot run ${file}: ${r.error.message}`);
+    if (r.timedOut) return fail(code, `${step}: ${file} ran longer than ${this.o.config.installTimeoutMs} ms`);
+    if (r.code !== 0) return fail(code, `${step}: ${file} failed (${describeExit(r)})`);
     return undefined;
   }
 

@@ -9,8 +9,9 @@
 import { EventEmitter } from 'node:events';
 import type { Socket } from 'node:net';
 import type { Aedes, AedesPublishPacket } from 'aedes';
-import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
+import mqtt, { type MqttClient } from 'mqtt';
 import type { Logger } from '../../lib/log.js';
+import { mqttClientOptions } from '../../lib/mqtt-options.js';
 import type { DeviceRateLimiter } from './ratelimit.js';
 import { safeUrl } from '../../lib/url.js';
 import {
@@ -172,19 +173,19 @@ export class DeviceLink extends LinkBase {
   /** Connects; resolves at the first subscription, or rejects when `timeoutMs` passes first. */
   start(timeoutMs: number): Promise<void> {
     const o = this.opts;
-    const options: IClientOptions = {
+    const options = mqttClientOptions({
       clientId: o.clientId,
+      username: o.username,
+      password: o.password,
       clean: !o.persistent,
-      reconnectPeriod: 1000,
-      connectTimeout: 10_000,
-      keepalive: 30,
+      keepaliveSec: 30,
+      connectTimeoutMs: 10_000,
+      // mqtt.js reconnects the bridge every second, and subscribes again (docs/protocol.md, "The cloud side").
+      reconnectPeriodMs: 1000,
       resubscribe: true,
-      queueQoSZero: false,
-      writeCache: false,
-      ...(o.username === undefined ? {} : { username: o.username }),
-      ...(o.password === undefined ? {} : { password: o.password }),
-      ...(o.ca === undefined ? {} : { ca: o.ca }),
-    };
+      lean: true,
+      tls: { ca: o.ca },
+    });
     const client = mqtt.connect(o.url, options);
     this.client = client;
     const where = safeUrl(o.url);

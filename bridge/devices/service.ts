@@ -11,6 +11,7 @@ import type { Logger } from '../../lib/log.js';
 import {
   type AckItem,
   type DownTopic,
+  type FwState,
   type HelloMessage,
   type Payloads,
   type StatePayload,
@@ -22,6 +23,7 @@ import {
   ackFor,
   chunkVarItems,
   decodeValue,
+  isFwFinalState,
   messageId,
   varItem,
 } from '../../protocol/index.js';
@@ -423,9 +425,14 @@ export class DeviceService {
         if (RESERVED_META.has(name)) continue;
         devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
       }
+      // An agent that predates failure codes reports `fwerror` alone: a code left from an earlier report would
+      // name another failure, so the code is emptied (docs/firmware.md, "Failure codes").
+      if (meta.fwerror !== undefined && meta.fwerrorcode === undefined) {
+        devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
+      }
       // A final firmware state ends the device's open job (DESIGN section 7).
       const fwstate = meta.fwstate;
-      if (fwstate !== undefined && FW_FINAL_STATES.has(fwstate)) {
+      if (fwstate !== undefined && isFwFinalState(fwstate)) {
         const job = this.opts.store.fwJobs.openOf(deviceId);
         if (job) this.opts.store.fwJobs.end(job.id, fwstate, now);
       }
@@ -528,17 +535,13 @@ export class DeviceService {
   }
 }
 
-/** The `fwstate` values that end an update (DESIGN section 7). */
-export const FW_FINAL_STATES: ReadonlySet<string> = new Set(['done', 'failed', 'rolledback', 'cancelled']);
-/** The `fwstate` values after the switch of the active slot: an update there can no longer be cancelled. */
-export const FW_AFTER_SWITCH: ReadonlySet<string> = new Set(['switching', 'restarting', 'committing', 'rollingback']);
-
 /** Decision 22: the firmware meta variables of a device that has not updated its firmware yet. */
 const FW_META_DEFAULTS: ReadonlyArray<readonly [string, string]> = [
-  ['fwstate', 'idle'],
+  ['fwstate', 'idle' satisfies FwState],
   ['fwprogress', '0'],
   ['fwname', ''],
   ['fwerror', ''],
+  ['fwerrorcode', ''],
 ];
 
 /**

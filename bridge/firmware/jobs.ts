@@ -5,6 +5,7 @@
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Db, Migration } from '../../lib/sqlite.js';
+import { type FwFinalState, isFwFinalState } from '../../protocol/index.js';
 
 export const FIRMWARE_JOB_MIGRATION: Migration = (db) => {
   db.exec(`
@@ -38,6 +39,22 @@ export const FIRMWARE_JOB_URL_MIGRATION: Migration = (db) => {
   `);
 };
 
+/**
+ * Why the bridge closed a job itself, without a final state from the device: the image left the catalog before
+ * the device had it (`image-gone`, firmware/resend.ts), the job's token expired while the device reported nothing
+ * running (`abandoned`), or the job could not be handed to the broker (`undelivered`).
+ */
+export const BRIDGE_JOB_OUTCOMES = ['image-gone', 'abandoned', 'undelivered'] as const;
+
+/** How a job ended: the final `fwstate` the device reported (protocol/firmware.ts), or the bridge's reason. */
+export type JobOutcome = FwFinalState | (typeof BRIDGE_JOB_OUTCOMES)[number];
+
+const toOutcome = (s: string | null): JobOutcome | null => {
+  if (s === null) return null;
+  if (isFwFinalState(s)) return s;
+  return BRIDGE_JOB_OUTCOMES.find((o) => o === s) ?? null;
+};
+
 export interface FirmwareJob {
   id: string;
   deviceId: string;
@@ -49,7 +66,7 @@ export interface FirmwareJob {
   cancelled: boolean;
   createdAt: number;
   endedAt: number | null;
-  outcome: string | null;
+  outcome: JobOutcome | null;
   /** `null` for a job made before URLs were kept. */
   url: string | null;
 }
@@ -82,7 +99,7 @@ const toJob = (r: Row): FirmwareJob => ({
   cancelled: r.cancelled === 1,
   createdAt: r.created_at,
   endedAt: r.ended_at,
-  outcome: r.outcome,
+  outcome: toOutcome(r.outcome),
   url: r.url,
 });
 
@@ -143,7 +160,7 @@ export class FirmwareJobStore {
   }
 
   /** Ends a job with the device's final `fwstate` (or why the bridge gave up on it). */
-  end(id: string, outcome: string, now: number): boolean {
+  end(id: string, outcome: JobOutcome, now: number): boolean {
     return this.s.end.run(now, outcome, id).changes > 0;
   }
 

@@ -20,7 +20,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { RouteContext } from '../app.js';
 import { send } from '../app.js';
 import { deviceAccess, sendJson } from '../devices/access.js';
-import { FW_AFTER_SWITCH, FW_FINAL_STATES } from '../devices/service.js';
+import { FW_AFTER_SWITCH, FW_FINAL_STATES } from '../../protocol/index.js';
 import { ApiError } from '../errors.js';
 import { FirmwareName, firmwareJson } from './catalog.js';
 

@@ -15,9 +15,10 @@
  *   enrolment credential, which may do nothing else; the bridge makes its client unless the id is taken.
  */
 import { randomBytes } from 'node:crypto';
-import mqtt, { type IClientOptions, type MqttClient } from 'mqtt';
+import mqtt, { type MqttClient } from 'mqtt';
 import { z } from 'zod';
 import type { Logger } from '../../lib/log.js';
+import { mqttClientOptions } from '../../lib/mqtt-options.js';
 import { safeUrl } from '../../lib/url.js';
 import { ENROL_TOPIC, TOPIC_ROOT, isDeviceId } from '../../protocol/index.js';
 
@@ -115,16 +116,18 @@ export class Dynsec {
     private readonly opts: DynsecOptions,
     onConnect?: (d: Dynsec) => Promise<void>,
   ) {
-    const options: IClientOptions = {
+    const options = mqttClientOptions({
       clientId: opts.clientId,
       username: opts.username,
       password: opts.password,
       clean: true,
-      reconnectPeriod: opts.reconnect ? 1000 : 0,
-      connectTimeout: 10_000,
-      keepalive: 30,
-      ...(opts.ca === undefined ? {} : { ca: opts.ca }),
-    };
+      keepaliveSec: 30,
+      connectTimeoutMs: 10_000,
+      reconnectPeriodMs: opts.reconnect ? 1000 : 0,
+      // Commands and their answers only: mqtt.js's queueing and write cache as they come.
+      lean: false,
+      tls: { ca: opts.ca },
+    });
     const client = mqtt.connect(opts.url, options);
     this.client = client;
     client.on('message', (topic, payload) => this.onMessage(topic, payload));

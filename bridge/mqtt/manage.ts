@@ -6,6 +6,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Logger } from '../../lib/log.js';
+import { readMqttTls } from '../../lib/mqtt-options.js';
 import { writeFileAtomic } from '../../lib/fsutil.js';
 import { RateLimiter } from '../accounts/ratelimit.js';
 import { hashSecret } from '../broker.js';
@@ -140,7 +141,7 @@ interface Io {
 async function adminConnection(config: BridgeConfig, log: Logger): Promise<Dynsec> {
   const login = dynsecLogin(config);
   const password = readSecretFile(login.passwordFile, 'MQTT password');
-  const ca = config.mqtt.caFile === undefined ? undefined : readFileSync(config.mqtt.caFile);
+  const { ca } = readMqttTls({ caFile: config.mqtt.caFile });
   const d = new Dynsec({
     url: login.url,
     username: login.username,

@@ -370,7 +370,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       expect(byId.s.note!.value).toBe('kept here');
       // Decision 22: the bridge's own meta variables, every one a record of value and time.
       const decision22 = ['state', 'lastactivity', 'unique', 'platform', 'fwversion', 'agentversion'];
-      for (const name of [...decision22, 'fwstate', 'fwprogress', 'fwname', 'fwerror']) {
+      for (const name of [...decision22, 'fwstate', 'fwprogress', 'fwname', 'fwerror', 'fwerrorcode']) {
         expect(sorted(byId.meta[name] ?? {}), name).toEqual(TEXT_KEYS);
         expect(typeof byId.meta[name]!.value, name).toBe('string');
         expect(Number.isInteger(byId.meta[name]!.time), name).toBe(true);
@@ -385,6 +385,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
         '',
       ]);
       expect(byId.meta.fwerror!.value).toBe('');
+      expect(byId.meta.fwerrorcode!.value).toBe('');
 
       // Rule 6 and decision 9: a meta variable alone is its bare value, a JSON string.
       const unique = await u.get(`/0/devices/${dev.id}/meta/unique`);

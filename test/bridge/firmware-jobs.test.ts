@@ -223,4 +223,41 @@ describe('firmware jobs on the bridge', () => {
     await fwstate('idle');
     expect(fw.length).toBe(before);
   });
+
+  it('keeps the code of a failure as meta fwerrorcode; an agent without codes leaves it empty', async () => {
+    const store = live.bridge.store;
+    const metaOf = (name: string) => store.devices.getVar(id, 'meta', name)?.value?.toString();
+    const report = (meta: Record<string, string>) => publish('up/meta', { id: messageId(), ts: Date.now(), meta });
+    // From the first hello, empty (decision 22).
+    expect(metaOf('fwerrorcode')).toBe('');
+    expect((await http.post(`/0/devices/${id}/fw/${NAME}`)).body).toBe('device-ok');
+    const job = store.fwJobs.openOf(id)!;
+    await report({ fwstate: 'failed', fwerror: 'verify (signature): no key verifies it', fwerrorcode: 'signature' });
+    await until(() => metaOf('fwstate') === 'failed', 'failed');
+    expect([metaOf('fwerror'), metaOf('fwerrorcode')]).toEqual(['verify (signature): no key verifies it', 'signature']);
+    // Through the API like the other firmware variables, with a history.
+    const shown = await http.get(`/0/devices/${id}/meta/fwerrorcode`);
+    expect([shown.status, shown.body]).toEqual([200, JSON.stringify('signature')]);
+    expect(store.fwJobs.get(job.id)).toMatchObject({ open: false, outcome: 'failed' });
+
+    // A code outside the contract drops the whole report: nothing of it is kept.
+    await report({ fwstate: 'rolledback', fwerror: 'x', fwerrorcode: 'no-such-code' });
+    await report({ fwname: 'after the bad report' });
+    await until(() => metaOf('fwname') === 'after the bad report', 'the next report');
+    expect([metaOf('fwstate'), metaOf('fwerrorcode')]).toEqual(['failed', 'signature']);
+
+    // An agent from before the codes reports the text alone: the code of the earlier failure does not stay.
+    await report({ fwstate: 'downloading', fwerror: '' });
+    await until(() => metaOf('fwstate') === 'downloading', 'downloading');
+    expect([metaOf('fwerror'), metaOf('fwerrorcode')]).toEqual(['', '']);
+    await report({ fwstate: 'failed', fwerror: 'download: the server answered 401' });
+    await until(() => metaOf('fwstate') === 'failed', 'failed again');
+    expect(metaOf('fwerrorcode')).toBe('');
+    // A report without fwerror (progress alone) leaves both as they are.
+    await report({ fwstate: 'failed', fwerror: 'health check failed', fwerrorcode: 'health' });
+    await until(() => metaOf('fwerrorcode') === 'health', 'health');
+    await report({ fwprogress: '100' });
+    await until(() => metaOf('fwprogress') === '100', 'progress');
+    expect(metaOf('fwerrorcode')).toBe('health');
+  });
 });

@@ -4,8 +4,10 @@
  * cell. Read a row as "in this state, on this event, the machine does that".
  */
 import { describe, expect, it } from 'vitest';
+import { FW_AFTER_SWITCH_LIST, FW_FINAL_STATE_LIST } from '../../protocol/firmware.js';
 import {
   FW_STATES,
+  type Failure,
   type FwEvent,
   type FwState,
   ImpossibleTransition,
@@ -19,15 +21,17 @@ import {
 } from '../../agent/fw/machine.js';
 
 const MAX = 3;
-const ERROR = 'the work of the state failed';
+/** What a state's work reports when it fails: the text of `fwerror` and the code of `fwerrorcode`. */
+const ERROR: Failure = { error: 'the work of the state failed', code: 'install' };
 const REASON = 'rolled back by hand';
-const CANCELLED = 'cancelled from the cloud';
+const BY_HAND: Failure = { error: REASON, code: 'by-hand' };
+const CANCELLED: Failure = { error: 'cancelled from the cloud', code: 'cancelled' };
 const GAVE_UP = `gave up after ${MAX} starts of the agent in state`;
 
 /** The events of the table's columns. */
 const EVENTS = {
   ok: { type: 'ok' },
-  fail: { type: 'fail', error: ERROR },
+  fail: { type: 'fail', error: ERROR.error, code: ERROR.code },
   cancel: { type: 'cancel' },
   /** The first start in this stretch of the flow, in a new process that is not a restart it asked for. */
   resume: { type: 'resume', attempts: 1, maxAttempts: MAX, restarted: false },
@@ -45,12 +49,12 @@ const EVENTS = {
 type EventName = keyof typeof EVENTS;
 
 type Cell = Transition | 'refused' | 'throws';
-const go = (to: FwState, error?: string): Cell =>
-  error === undefined ? { kind: 'move', to } : { kind: 'move', to, error };
-const stay = (error?: string): Cell => (error === undefined ? { kind: 'stay' } : { kind: 'stay', error });
+const go = (to: FwState, failure?: Failure): Cell =>
+  failure === undefined ? { kind: 'move', to } : { kind: 'move', to, failure };
+const stay = (failure?: Failure): Cell => (failure === undefined ? { kind: 'stay' } : { kind: 'stay', failure });
 const R = 'refused';
 const X = 'throws';
-const gaveUp = (to: FwState, state: FwState): Cell => go(to, `${GAVE_UP} ${state}`);
+const gaveUp = (to: FwState, state: FwState): Cell => go(to, { error: `${GAVE_UP} ${state}`, code: 'crash-loop' });
 
 /** Before the switch: a failure or a crash loop ends in `failed`, a cancel or a rollback by hand in `cancelled`. */
 const beforeSwitch = (state: FwState, next: FwState): Record<EventName, Cell> => ({
@@ -63,7 +67,7 @@ const beforeSwitch = (state: FwState, next: FwState): Record<EventName, Cell> =>
   resumeRestarted: go(state),
   resumeRestartedPastMax: gaveUp('failed', state),
   commit: R,
-  rollback: go('cancelled', REASON),
+  rollback: go('cancelled', BY_HAND),
 });
 
 /** After the switch: the only way back is a rollback, and a cancel is refused. */
@@ -77,7 +81,7 @@ const afterTheSwitch = (state: FwState, next: FwState): Record<EventName, Cell> 
   resumeRestarted: go(state),
   resumeRestartedPastMax: gaveUp('rollingback', state),
   commit: R,
-  rollback: go('rollingback', REASON),
+  rollback: go('rollingback', BY_HAND),
 });
 
 /** A state with nothing left to do: work outcomes cannot happen, the rest is refused or ignored. */
@@ -110,7 +114,7 @@ const TABLE: Record<FwState, Record<EventName, Cell>> = {
   },
   committing: { ...afterTheSwitch('committing', 'done'), commit: go('done') },
   // A committed image may still be rolled back by hand.
-  done: settled({ rollback: go('rollingback', REASON) }),
+  done: settled({ rollback: go('rollingback', BY_HAND) }),
   rollingback: {
     ok: go('rolledback'),
     // A failed rollback is kept, with its error, for the next start or the engineer; never abandoned.
@@ -184,6 +188,9 @@ describe('the firmware state machine', () => {
       'rollingback',
     ]);
     expect(FW_STATES.filter((s) => isFinal(s))).toEqual(['done', 'rolledback', 'failed', 'cancelled']);
+    // The bridge reads the same sets from the contract (protocol/firmware.ts): the machine agrees with them.
+    expect([...FW_FINAL_STATE_LIST].sort()).toEqual(FW_STATES.filter((s) => isFinal(s)).sort());
+    expect(FW_STATES.filter((s) => afterSwitch(s))).toEqual([...FW_AFTER_SWITCH_LIST]);
     // idle is neither: nothing has started.
     expect(isActive('idle') || isFinal('idle')).toBe(false);
     expect(FW_STATES.filter((s) => afterSwitch(s))).toEqual(['switching', 'restarting', 'committing', 'rollingback']);
@@ -205,7 +212,7 @@ describe('the firmware state machine', () => {
       return seen;
     };
     const ok: FwEvent = { type: 'ok' };
-    const fail: FwEvent = { type: 'fail', error: ERROR };
+    const fail: FwEvent = { type: 'fail', ...ERROR };
     expect(walk('downloading', [ok, ok, ok, ok, ok, ok])).toEqual([
       'downloading',
       'verifying',

@@ -3,7 +3,7 @@
  * Mender client's state tests: one table, a row per state, each row run end to end through a live bridge
  * (REST start, the image over HTTP behind the job's token, `meta` over MQTT) and a real in-process agent with
  * its own state directory and slots. Each row checks the `fwstate` sequence the bridge recorded, the final state,
- * `fwerror`, the slot that ends active and the `fwversion` the bridge shows.
+ * `fwerror` and its code `fwerrorcode`, the slot that ends active and the `fwversion` the bridge shows.
  */
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -11,6 +11,7 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from '../../agent/cli/index.js';
 import { activeSlot } from '../../agent/fw/slots.js';
+import type { FwFailureCode } from '../../protocol/index.js';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type SigningKeys, addToCatalog, buildImage, fwStates, makeKeys, metaOf } from '../support/firmware.js';
@@ -48,6 +49,8 @@ interface Row {
   final: string;
   /** What `fwerror` must say at the end; `undefined`: empty. */
   error: RegExp | undefined;
+  /** What `fwerrorcode` must be at the end (docs/firmware.md, "Failure codes"); empty with no error. */
+  code: FwFailureCode | '';
   /** The slot that ends active. */
   slot: 'a' | 'b';
   fwversion: string;
@@ -120,6 +123,7 @@ const ROWS: Row[] = [
     states: ['idle', 'downloading', 'failed'],
     final: 'failed',
     error: /download: the server answered 401/,
+    code: 'download-denied',
     slot: 'a',
     fwversion: OLD,
   },
@@ -129,6 +133,7 @@ const ROWS: Row[] = [
     states: ['idle', 'downloading', 'verifying', 'failed'],
     final: 'failed',
     error: /verify \(signature\)/,
+    code: 'signature',
     slot: 'a',
     fwversion: OLD,
   },
@@ -138,6 +143,7 @@ const ROWS: Row[] = [
     states: [...BEFORE_SWITCH, 'failed'],
     final: 'failed',
     error: /install \(script-failed\).*exit status 3: no space left/,
+    code: 'script-failed',
     slot: 'a',
     fwversion: OLD,
   },
@@ -150,6 +156,7 @@ const ROWS: Row[] = [
     states: [...BEFORE_SWITCH, 'switching', 'rollingback', 'rolledback'],
     final: 'rolledback',
     error: /switch: .*fw-install failed \(exit status 7: switch refused by the test\)/,
+    code: 'switch',
     slot: 'a',
     fwversion: OLD,
     calls: ['install', 'switch', 'rollback'],
@@ -165,6 +172,7 @@ const ROWS: Row[] = [
     states: [...BEFORE_SWITCH, 'switching', 'restarting', 'rollingback', 'rolledback'],
     final: 'rolledback',
     error: /restart: sh failed \(exit status 5: service did not start\)/,
+    code: 'restart',
     slot: 'a',
     fwversion: OLD,
   },
@@ -179,6 +187,7 @@ const ROWS: Row[] = [
     states: [...TO_COMMIT, 'rollingback', 'rolledback'],
     final: 'rolledback',
     error: /health check failed after 1 attempt\(s\): .*exited with status 1: probe refused/,
+    code: 'health',
     slot: 'a',
     fwversion: OLD,
   },
@@ -198,6 +207,8 @@ const ROWS: Row[] = [
           /rollback: .*exit status 7/.test(metaOf(store, id, 'fwerror') ?? ''),
         'the failed rollback reported',
       );
+      // While it waits, the code names what failed last: the rollback, not the health check before it.
+      expect(metaOf(store, id, 'fwerrorcode')).toBe('rollback');
       // Stuck, not abandoned: the slot is still the new one, and the state says rollingback.
       expect(ctx.installer.active()).toBe('b');
       expect(agent.agent.firmware.status().state).toBe('rollingback');
@@ -216,16 +227,25 @@ const ROWS: Row[] = [
       // The job's steps keep both: why it rolled back, and the rollback that failed.
       const status = agent.agent.firmware.status() as { job: { steps: Array<{ state: string; error: string }> } };
       expect(status.job.steps).toContainEqual(
-        expect.objectContaining({ state: 'rollingback', error: expect.stringMatching(/^health check failed/) }),
+        expect.objectContaining({
+          state: 'rollingback',
+          error: expect.stringMatching(/^health check failed/),
+          errorCode: 'health',
+        }),
       );
       expect(status.job.steps).toContainEqual(
-        expect.objectContaining({ state: 'rollingback', error: expect.stringMatching(/^rollback: .*exit status 7/) }),
+        expect.objectContaining({
+          state: 'rollingback',
+          error: expect.stringMatching(/^rollback: .*exit status 7/),
+          errorCode: 'rollback',
+        }),
       );
     },
     states: [...TO_COMMIT, 'rollingback', 'rolledback'],
     final: 'rolledback',
     // `rolledback` reports why the update was rolled back, not the failed attempt at rolling back.
     error: /^health check failed after 1 attempt/,
+    code: 'health',
     slot: 'a',
     fwversion: OLD,
     calls: ['install', 'switch', 'rollback', 'rollback'],
@@ -236,6 +256,7 @@ const ROWS: Row[] = [
     states: [...TO_COMMIT, 'done'],
     final: 'done',
     error: undefined,
+    code: '',
     slot: 'b',
     fwversion: String(NEW),
   },
@@ -314,6 +335,9 @@ describe('a failure at every state of the firmware update', () => {
     const fwerror = metaOf(store, id, 'fwerror') ?? '';
     if (row.error) expect(fwerror).toMatch(row.error);
     else expect(fwerror).toBe('');
+    // The code travels beside the text, on up/meta to the bridge's `meta` variable.
+    expect(metaOf(store, id, 'fwerrorcode')).toBe(row.code);
+    expect(agent.agent.firmware.status()).toMatchObject({ job: { errorCode: row.code } });
     expect(metaOf(store, id, 'fwversion')).toBe(row.fwversion);
     expect(metaOf(store, id, 'fwname')).toBe(name);
 

@@ -168,10 +168,14 @@ function rawPost(path: string): Promise<{ status: number; body: string }> {
 }
 
 /** `devcloud-agent fw …` in this process, with the gateway's own flags. */
-async function fwCli(g: Gateway, ...args: string[]): Promise<{ code: number; out: string; err: string }> {
+function fwCli(g: Gateway, ...args: string[]): Promise<{ code: number; out: string; err: string }> {
+  return agentCli(g, 'fw', ...args);
+}
+
+/** `devcloud-agent …` in this process, with the gateway's own flags. */
+async function agentCli(g: Gateway, ...args: string[]): Promise<{ code: number; out: string; err: string }> {
   const health = g.flags['firmware.health.command'] as string[] | undefined;
   const argv = [
-    'fw',
     ...args,
     '--state-dir',
     g.stateDir,
@@ -197,7 +201,13 @@ interface FwStatus {
   state: string;
   version: string;
   activeSlot: string | null;
-  job: { name: string; version: number; error: string; steps: Array<{ state: string }> } | null;
+  job: {
+    name: string;
+    version: number;
+    error: string;
+    errorCode: string;
+    steps: Array<{ state: string; error: string; errorCode: string }>;
+  } | null;
 }
 
 beforeAll(async () => {
@@ -549,8 +559,18 @@ describe('an update held in committing, and fw status, commit, rollback (held ga
     expect(readFileSync(join(g.slots, 'b', 'app.txt'), 'utf8')).toBe('held 1');
     expect(metaOf(store(), g.id, 'fwversion')).toBe('1');
     expect(metaOf(store(), g.id, 'fwerror')).toMatch(/by hand/);
+    expect(metaOf(store(), g.id, 'fwerrorcode')).toBe('by-hand');
     const after = status((await fwCli(g, 'status', '--json')).out);
     expect(after).toMatchObject({ state: 'rolledback', version: '1', activeSlot: 'b' });
+    expect(after.job).toMatchObject({ error: expect.stringMatching(/by hand/), errorCode: 'by-hand' });
+    expect(after.job!.steps.at(-2)).toMatchObject({ state: 'rollingback', errorCode: 'by-hand' });
+    // The engineer's view: the code before the text, on the error line and on the step that set it.
+    const plain = (await fwCli(g, 'status')).out;
+    expect(plain).toMatch(/^error +\[by-hand\] rolled back by hand/m);
+    expect(plain).toMatch(/ rollingback +\[by-hand\] rolled back by hand/);
+    const agentStatus = await agentCli(g, 'status');
+    expect(agentStatus.code).toBe(0);
+    expect(agentStatus.out).toMatch(/^firmware\n(.*\n)* {2}error +\[by-hand\] rolled back by hand/m);
 
     const again = await fwCli(g, 'rollback', '--json');
     expect(again.code).toBe(1);

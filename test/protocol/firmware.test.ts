@@ -3,8 +3,25 @@
  * agent in the field verifies, so they are pinned here byte for byte: a change breaks every deployed agent.
  */
 import { createPrivateKey, createPublicKey, generateKeyPairSync, verify } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { type FirmwareIdentity, firmwareStatement, signFirmware, verifyFirmware } from '../../protocol/index.js';
+import {
+  FW_AFTER_SWITCH,
+  FW_AFTER_SWITCH_LIST,
+  FW_FAILURE_CODES,
+  FW_FINAL_STATES,
+  FW_FINAL_STATE_LIST,
+  FW_STATES,
+  type FirmwareIdentity,
+  FwFailureCode,
+  FwState,
+  firmwareStatement,
+  isFwFailureCode,
+  isFwFinalState,
+  isFwState,
+  signFirmware,
+  verifyFirmware,
+} from '../../protocol/index.js';
 
 const META: FirmwareIdentity = {
   name: 'gateway-os',
@@ -96,5 +113,59 @@ describe('signFirmware and verifyFirmware', () => {
     expect(verifyFirmware(META, sig, ['not pem'])).toBe(-1);
     expect(verifyFirmware(META, sig, [rsaPem])).toBe(-1);
     expect(verifyFirmware(META, sig, [garbage, rsaPem, a.publicPem])).toBe(2);
+  });
+});
+
+describe('firmware states and failure codes', () => {
+  it('names every fwstate an agent reports, in the order of an update', () => {
+    expect(FW_STATES).toEqual([
+      'idle',
+      'downloading',
+      'verifying',
+      'installing',
+      'switching',
+      'restarting',
+      'committing',
+      'done',
+      'rollingback',
+      'rolledback',
+      'failed',
+      'cancelled',
+    ]);
+    expect(FW_STATES.every((s) => FwState.safeParse(s).success && isFwState(s))).toBe(true);
+    expect(FwState.safeParse('rebooting').success).toBe(false);
+    expect(isFwState('')).toBe(false);
+  });
+
+  it('the final states end an update; the states after the switch are neither final nor before it', () => {
+    expect([...FW_FINAL_STATES]).toEqual(['done', 'rolledback', 'failed', 'cancelled']);
+    expect([...FW_FINAL_STATES]).toEqual([...FW_FINAL_STATE_LIST]);
+    expect([...FW_AFTER_SWITCH]).toEqual(['switching', 'restarting', 'committing', 'rollingback']);
+    expect([...FW_AFTER_SWITCH]).toEqual([...FW_AFTER_SWITCH_LIST]);
+    expect(FW_AFTER_SWITCH_LIST.some((s) => FW_FINAL_STATES.has(s))).toBe(false);
+    for (const s of FW_STATES) expect(isFwFinalState(s), s).toBe(FW_FINAL_STATES.has(s));
+    // What a device reports is a string: the sets answer for any string.
+    expect(FW_FINAL_STATES.has('idle') || FW_AFTER_SWITCH.has('') || isFwFinalState('Done')).toBe(false);
+  });
+
+  it('failure codes are distinct lower-case words joined by dashes', () => {
+    expect(new Set(FW_FAILURE_CODES).size).toBe(FW_FAILURE_CODES.length);
+    for (const code of FW_FAILURE_CODES) {
+      expect(code).toMatch(/^[a-z]+(-[a-z0-9]+)*$/);
+      expect(FwFailureCode.safeParse(code).success && isFwFailureCode(code)).toBe(true);
+    }
+    for (const bad of ['', 'Download', 'download ', 'verify (signature)']) {
+      expect(FwFailureCode.safeParse(bad).success || isFwFailureCode(bad)).toBe(false);
+    }
+  });
+
+  it('docs/firmware.md explains every failure code, and no other', () => {
+    const doc = readFileSync(new URL('../../docs/firmware.md', import.meta.url), 'utf8');
+    const section = doc.slice(
+      doc.indexOf('## Failure codes'),
+      doc.indexOf('\n## ', doc.indexOf('## Failure codes') + 1),
+    );
+    const documented = [...section.matchAll(/^\| `([a-z0-9-]+)` +\|/gm)].map((m) => m[1]);
+    expect(documented.sort()).toEqual([...FW_FAILURE_CODES].sort());
   });
 });

@@ -7,6 +7,7 @@ import { describe, expect, it } from 'vitest';
 import {
   ALL_DEVICES_UP_FILTERS,
   DOWN_TOPICS,
+  FW_FAILURE_CODES,
   MAX_BATCH_ITEMS,
   MAX_PAYLOAD_BYTES,
   MAX_VALUE_BYTES,
@@ -391,6 +392,21 @@ describe('payload schemas', () => {
       expectRejected('up/meta', json({ id: 'm', ts: 1, meta: { 'bad name': 'x' } }));
       expectRejected('up/meta', json({ id: 'm', ts: 1, meta: { fwstate: 1 } }));
       expectRejected('up/meta', json({ id: 'm', ts: 1, meta: { fwerror: 'x'.repeat(4097) } }));
+    });
+
+    it('meta: fwerrorcode, when present, is empty or a firmware failure code', () => {
+      const meta = (m: Record<string, string>) => ({ id: 'm', ts: 1, meta: m });
+      for (const code of FW_FAILURE_CODES) {
+        expectAccepted('up/meta', meta({ fwstate: 'failed', fwerror: 'why', fwerrorcode: code }));
+      }
+      expectAccepted('up/meta', meta({ fwstate: 'downloading', fwerror: '', fwerrorcode: '' }));
+      // An agent that predates the codes reports the text alone.
+      expectAccepted('up/meta', meta({ fwstate: 'failed', fwerror: 'download: the server answered 401' }));
+      for (const bad of ['nope', 'Download', ' download', 'download ', 'verify (signature)']) {
+        expect(expectRejected('up/meta', json(meta({ fwstate: 'failed', fwerrorcode: bad })))).toBe(
+          'meta.fwerrorcode: not a firmware failure code',
+        );
+      }
     });
 
     it('cmd: priority 0 to 2, a command of at most 4 KiB, bounded output', () => {
