@@ -126,6 +126,12 @@ export const FW_FAILURE_CODES = [
 export const FwFailureCode = z.enum(FW_FAILURE_CODES);
 export type FwFailureCode = z.infer<typeof FwFailureCode>;
 
+/**
+ * What a bridge accepts as `fwerrorcode`: the form of a code, not the list, so that a newer agent with a code this
+ * bridge does not know yet still has its firmware state kept (docs/protocol.md, `up/meta`).
+ */
+export const FW_FAILURE_CODE_RE = /^[a-z][a-z0-9-]{0,39}$/;
+
 export function isFwFailureCode(s: string): s is FwFailureCode {
   return (FW_FAILURE_CODES as readonly string[]).includes(s);
 }

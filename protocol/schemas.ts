@@ -6,7 +6,7 @@
  * `docs/protocol.md` shows an example of each.
  */
 import { z } from 'zod';
-import { isFwFailureCode } from './firmware.js';
+import { FW_FAILURE_CODE_RE } from './firmware.js';
 import type { TopicName } from './topics.js';
 
 /** Decision 12: variable names. */
@@ -166,7 +166,8 @@ export type HelloMessage = z.infer<typeof HelloMessage>;
 
 /**
  * `up/meta`: meta variables reported by the device (firmware state, uptime, ...). One entry has a fixed set of
- * values: `fwerrorcode`, optional (an agent that predates it sends none), is empty or one of `FW_FAILURE_CODES` (firmware.ts).
+ * values: `fwerrorcode`, optional (an agent that predates it sends none), is empty or a code: one of
+ * `FW_FAILURE_CODES` (firmware.ts) or, from a newer agent, a code of the same form.
  */
 export const MetaMessage = z
   .object({
@@ -175,7 +176,7 @@ export const MetaMessage = z
     meta: z
       .record(VarName, z.string().max(4096))
       .refine((m) => Object.keys(m).length > 0, 'meta is empty')
-      .refine((m) => m.fwerrorcode === undefined || m.fwerrorcode === '' || isFwFailureCode(m.fwerrorcode), {
+      .refine((m) => m.fwerrorcode === undefined || m.fwerrorcode === '' || FW_FAILURE_CODE_RE.test(m.fwerrorcode), {
         message: 'not a firmware failure code',
         path: ['fwerrorcode'],
       }),

@@ -240,11 +240,15 @@ describe('firmware jobs on the bridge', () => {
     expect([shown.status, shown.body]).toEqual([200, JSON.stringify('signature')]);
     expect(store.fwJobs.get(job.id)).toMatchObject({ open: false, outcome: 'failed' });
 
-    // A code outside the contract drops the whole report: nothing of it is kept.
-    await report({ fwstate: 'rolledback', fwerror: 'x', fwerrorcode: 'no-such-code' });
+    // A malformed code drops the whole report: nothing of it is kept.
+    await report({ fwstate: 'rolledback', fwerror: 'x', fwerrorcode: 'Not A Code!' });
     await report({ fwname: 'after the bad report' });
     await until(() => metaOf('fwname') === 'after the bad report', 'the next report');
     expect([metaOf('fwstate'), metaOf('fwerrorcode')]).toEqual(['failed', 'signature']);
+    // A code from a newer agent that this bridge does not know is kept with its state.
+    await report({ fwstate: 'failed', fwerror: 'brownout', fwerrorcode: 'brownout-during-flash' });
+    await until(() => metaOf('fwerrorcode') === 'brownout-during-flash', 'the newer code');
+    expect(metaOf('fwstate')).toBe('failed');
 
     // An agent from before the codes reports the text alone: the code of the earlier failure does not stay.
     await report({ fwstate: 'downloading', fwerror: '' });
