@@ -20,7 +20,7 @@ import type { UpMessage } from '../../bridge/devices/link.js';
 import { DeviceService } from '../../bridge/devices/service.js';
 import { importImage } from '../../bridge/firmware/catalog.js';
 import { createMailer } from '../../bridge/mail/mailer.js';
-import { OPENAPI_PATH, buildOpenApi } from '../../bridge/openapi.js';
+import { OPENAPI_PATH } from '../../bridge/openapi.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
 import { StorageFullError } from '../../lib/sqlite.js';
@@ -235,7 +235,7 @@ async function startBusyApp(): Promise<BusyApp> {
   });
   const hasher = new FullHasher({ params: { logN: 10, r: 8, p: 1 }, maxConcurrent: 1, maxQueued: 1 });
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-  const app = buildApp({ config, store, hasher, mailer, log });
+  const app = buildApp({ config, store, hasher, mailer, log, checkAnswers: true });
   await app.ready();
   return {
     app,
@@ -266,7 +266,7 @@ async function startFullApp(): Promise<BusyApp> {
   ensureDefaultFrontend(store, Date.now());
   const hasher = new PasswordHasher({ params: { logN: 10, r: 8, p: 1 }, maxConcurrent: 1, maxQueued: 10 });
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-  const app = buildApp({ config, store, hasher, mailer, log });
+  const app = buildApp({ config, store, hasher, mailer, log, checkAnswers: true });
   await app.ready();
   return {
     app,
@@ -429,7 +429,7 @@ describe('the document', () => {
       expect(res.headers.get('set-cookie')).toBeNull();
       const served = (await res.json()) as Doc;
       expect(served.openapi).toBe('3.1.0');
-      expect(served).toEqual(JSON.parse(JSON.stringify(buildOpenApi(b.config))));
+      expect(served).toEqual(doc);
     } finally {
       await b.close();
     }
@@ -476,13 +476,22 @@ describe('the document', () => {
     }
   });
 
-  it('takes its limits from the config', () => {
-    const config = BridgeConfigSchema.parse({
-      dataDir: '/nowhere',
-      accounts: { passwordMin: 12, passwordMax: 100, loginMax: 64 },
-      devices: { maxValueBytes: 1234, nearbyWindowMs: 60_000 },
+  const served = async (config: Parameters<typeof startTestBridge>[0]): Promise<Doc> => {
+    const b = await startTestBridge(config);
+    try {
+      return JSON.parse((await call(b.app, { method: 'GET', url: OPENAPI_PATH })).body) as Doc;
+    } finally {
+      await b.close();
+    }
+  };
+
+  it('takes its limits from the config', async () => {
+    const built = await served({
+      config: {
+        accounts: { passwordMin: 12, passwordMax: 100, loginMax: 64 },
+        devices: { maxValueBytes: 1234, nearbyWindowMs: 60_000 },
+      },
     });
-    const built = buildOpenApi(config) as unknown as Doc;
     const signup = built.components.schemas.SignupForm as { properties: Record<string, Json> };
     expect(signup.properties.password).toMatchObject({ minLength: 12, maxLength: 100 });
     expect(signup.properties.login).toMatchObject({ maxLength: 64, format: 'email' });
@@ -491,12 +500,10 @@ describe('the document', () => {
     expect(JSON.stringify(built.paths['/0/network/'])).toContain('60000 ms');
   });
 
-  it('takes the command limits from the config', () => {
-    const config = BridgeConfigSchema.parse({
-      dataDir: '/nowhere',
-      commands: { maxBytes: 100, maxLifetimeMs: 5000, defaultLifetimeMs: 1000, maxOpen: 7 },
+  it('takes the command limits from the config', async () => {
+    const built = await served({
+      config: { commands: { maxBytes: 100, maxLifetimeMs: 5000, defaultLifetimeMs: 1000, maxOpen: 7 } },
     });
-    const built = buildOpenApi(config) as unknown as Doc;
     const form = built.components.schemas.CommandForm as { properties: Record<string, Json> };
     expect(form.properties.command).toMatchObject({ maxLength: 100 });
     expect(form.properties.command64).toMatchObject({ maxLength: 136 });
@@ -1467,6 +1474,7 @@ async function startLinkedApp(): Promise<LinkedApp> {
     log,
     now: main.clock.now,
     devices,
+    checkAnswers: true,
   });
   await app.ready();
   return {

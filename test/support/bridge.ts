@@ -286,7 +286,8 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
   const devices = createDeviceService(config, store, log, clock.now, commands);
-  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands });
+  // Every answer of every test is held to the API document: an undocumented one answers 500 `undocumented-answer`.
+  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands, checkAnswers: true });
   let url: string | undefined;
   let send: Send;
   if (transport === 'inject') {
@@ -331,6 +332,9 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
       await mailer.close();
       store.close();
       rmSync(dataDir, { recursive: true, force: true });
+      // A test that never looked at the status of an undocumented answer still fails.
+      const undocumented = sink.events('http.undocumented_answer');
+      if (undocumented.length > 0) throw new Error(`undocumented answers: ${JSON.stringify(undocumented)}`);
     },
   };
 }
