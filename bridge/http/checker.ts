@@ -3,7 +3,8 @@
  * API document lists. The status must be documented; a plain-text answer must be one of the tokens listed under it
  * (or match its text schema); a JSON answer must validate against the JSON Schema the document publishes for it,
  * so unknown keys fail as they would for a client that reads the document; an HTML page, bytes, or no body must be
- * what the status lists; and `Set-Cookie`, `Retry-After` and `Content-Range` must be documented where they are sent.
+ * what the status lists; and `Set-Cookie`, `Retry-After` (whole seconds, at least 1) and `Content-Range` must be
+ * sent exactly where they are documented.
  *
  * An answer that is not documented is replaced by 500 `undocumented-answer` and logged as `http.undocumented_answer`
  * (docs/operations.md), so that a test that drives a route fails where the route and its description part. It is an
@@ -55,8 +56,12 @@ export function judgeAnswer(route: Route, reply: FastifyReply, payload: unknown)
   const outcome = answersOf(route)[status];
   if (!outcome) return `status ${status} is not documented`;
   for (const [header, flag] of DOCUMENTED_HEADERS) {
-    if (reply.hasHeader(header) && !outcome[flag]) return `${header} is not documented for ${status}`;
+    const sent = reply.hasHeader(header);
+    if (sent && !outcome[flag]) return `${header} is not documented for ${status}`;
+    if (!sent && outcome[flag]) return `${header} is documented for ${status} but not sent`;
   }
+  const retryAfter = reply.getHeader('retry-after');
+  if (retryAfter !== undefined && !/^[1-9]\d*$/.test(String(retryAfter))) return `Retry-After ${String(retryAfter)}`;
   const text = bodyText(payload);
   const hasContent = Boolean(outcome.tokens || outcome.text || outcome.json || outcome.html || outcome.binary);
   if (!hasContent) return text === '' ? undefined : `${status} documents no body`;

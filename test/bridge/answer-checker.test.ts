@@ -23,6 +23,7 @@ const ANSWERS: Record<string, (reply: Parameters<Route['handler']>[1]) => unknow
   token: (r) => r.code(200).type('text/plain; charset=utf-8').send('ok'),
   json: (r) => sendJson(r, '{"name":"a"}', 201),
   empty: (r) => r.code(204).send(),
+  later: (r) => r.code(429).header('retry-after', 2).type('text/plain; charset=utf-8').send('later'),
   'other-token': (r) => r.code(200).type('text/plain; charset=utf-8').send('not-ok'),
   'other-status': (r) => r.code(202).type('text/plain; charset=utf-8').send('ok'),
   'json-wrong-shape': (r) => sendJson(r, '{"name":1}', 201),
@@ -32,6 +33,8 @@ const ANSWERS: Record<string, (reply: Parameters<Route['handler']>[1]) => unknow
   'html-where-json-is': (r) => r.code(201).type('text/html; charset=utf-8').send('<p>'),
   'a-body-where-none-is': (r) => r.code(204).type('text/plain; charset=utf-8').send('x'),
   'undocumented-header': (r) => r.code(200).header('retry-after', 1).type('text/plain; charset=utf-8').send('ok'),
+  'documented-header-missing': (r) => r.code(429).type('text/plain; charset=utf-8').send('later'),
+  'retry-after-zero': (r) => r.code(429).header('retry-after', 0).type('text/plain; charset=utf-8').send('later'),
 };
 
 const route: Route = {
@@ -46,6 +49,7 @@ const route: Route = {
     200: { description: 'a token', tokens: ['ok'] },
     201: { description: 'JSON', json: named('Thing', Thing) },
     204: { description: 'no body' },
+    429: { description: 'later', tokens: ['later'], retryAfter: true },
   },
   handler: async (req, reply) => ANSWERS[(req.query as { what: string }).what]!(reply),
 };
@@ -79,12 +83,13 @@ describe('the answer checker', () => {
     const json = await ask('json');
     expect([json.statusCode, json.json()]).toEqual([201, { name: 'a' }]);
     expect((await ask('empty')).statusCode).toBe(204);
+    expect((await ask('later')).headers['retry-after']).toBe('2');
     // HEAD answers as GET does.
     expect((await app.inject({ method: 'HEAD', url: '/test/answer?what=token' })).statusCode).toBe(200);
     expect(sink.lines.filter((l) => l.event === 'http.undocumented_answer')).toEqual([]);
   });
 
-  for (const what of Object.keys(ANSWERS).slice(3)) {
+  for (const what of Object.keys(ANSWERS).slice(4)) {
     it(`replaces ${what} with 500 undocumented-answer, and logs it`, async () => {
       const before = sink.lines.length;
       const r = await ask(what);

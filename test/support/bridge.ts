@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
 import { buildApp, createDeviceService } from '../../bridge/app.js';
+import type { PasswordHasher } from '../../bridge/accounts/password.js';
 import { CommandService } from '../../bridge/commands/service.js';
 import type { DeviceService } from '../../bridge/devices/service.js';
 import { type RunningBridge, ensureDefaultFrontend, hasherFor, startBridge } from '../../bridge/cli.js';
@@ -235,6 +236,10 @@ export interface TestBridgeOptions {
   clock?: TestClock;
   /** The address to listen on (default 127.0.0.1); `url` names 127.0.0.1 for a wildcard address. */
   host?: string;
+  /** The password hasher, instead of scrypt at its cheapest cost. */
+  hasher?: PasswordHasher;
+  /** Opens the store in the data directory, instead of a plain `SqliteStore`. */
+  openStore?: (dataDir: string) => SqliteStore;
 }
 
 export interface TestBridge {
@@ -280,9 +285,9 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const clock = opts.clock ?? new TestClock();
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
-  const store = new SqliteStore(dataDir);
+  const store = opts.openStore?.(dataDir) ?? new SqliteStore(dataDir);
   const defaultFrontend = ensureDefaultFrontend(store, clock.now());
-  const hasher = hasherFor(config);
+  const hasher = opts.hasher ?? hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
   const devices = createDeviceService(config, store, log, clock.now, commands);
