@@ -22,7 +22,10 @@ export const OPENAPI_PATH = '/0/openapi.json';
 
 type Json = Record<string, unknown>;
 
-/** A request schema as JSON Schema 2020-12 (the dialect of OpenAPI 3.1): what a client may send. */
+/**
+ * A schema as JSON Schema 2020-12 (the dialect of OpenAPI 3.1): `input`, what a client may send; `output`, what the
+ * bridge answers (a plain-text body that is not a token).
+ */
 function jsonSchema(schema: z.ZodType, io: 'input' | 'output' = 'input'): Json {
   const { $schema: _dialect, ...rest } = z.toJSONSchema(schema, { io }) as Json;
   return rest;
