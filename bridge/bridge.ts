@@ -39,6 +39,8 @@ export interface BridgeDeps<S extends BridgeDatabase = BridgeDatabase> {
   log: Logger;
   /** The clock every part reads, ms since the epoch (`Date.now` in the program). */
   now: () => number;
+  /** Hold every HTTP answer to the API document (`http/checker.ts`): for tests, off in the program. */
+  checkAnswers?: boolean;
 }
 
 /** The credentials the MQTT side reads from files at start. */
@@ -326,6 +328,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
       devices: this.devices,
       commands: this.commands,
       link: this.monitor,
+      checkAnswers: deps.checkAnswers === true,
     });
     const deviceLimits = new DeviceRateLimiter(config.mqtt.rate, log);
     this.http = new HttpPart(this.app, config);

@@ -6,12 +6,12 @@
  */
 import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
-import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import type { Logger } from '../lib/log.js';
 import { freeBytes } from '../lib/sqlite.js';
 import { VERSION } from '../lib/version.js';
 import type { Link } from './devices/link.js';
+import { type Route, named } from './http/route.js';
 import type { BridgeStore } from './store/types.js';
 
 export const HEALTH_PATH = '/healthz';
@@ -116,7 +116,8 @@ export interface HealthDeps {
   log: Logger;
 }
 
-export function registerHealthRoute(app: FastifyInstance, deps: HealthDeps): void {
+/** `GET /healthz`, for probes: no frontend, no session. */
+export function healthRoutes(deps: HealthDeps): Route[] {
   const { store, log, link } = deps;
   let databaseWasOk = true;
   const checkDatabase = async (): Promise<boolean> => {
@@ -140,24 +141,43 @@ export function registerHealthRoute(app: FastifyInstance, deps: HealthDeps): voi
     const status = full ? 'full' : free !== undefined && free < deps.minFreeBytes ? 'low' : 'ok';
     return { status, freeBytes: free ?? null, fullSince: fullSince ?? null };
   };
-  app.get(HEALTH_PATH, { config: { device: true } }, async (_req, reply) => {
-    const database = await checkDatabase();
-    const storage = checkStorage();
-    const downSince = link.downSince;
-    const linkFailing = downSince !== undefined && link.downForMs() >= deps.linkGraceMs;
-    const ok = database && storage.status === 'ok' && !linkFailing;
-    const body: HealthObject = {
-      status: ok ? 'ok' : 'failing',
-      database: database ? 'ok' : 'failing',
-      storage,
-      mqtt: { broker: link.broker, connected: link.connected, downSince: downSince ?? null },
-      version: VERSION,
-      uptimeSec: Math.floor(process.uptime()),
-    };
-    return reply
-      .code(ok ? 200 : 503)
-      .header('cache-control', 'no-store')
-      .type('application/json; charset=utf-8')
-      .send(JSON.stringify(body));
-  });
+  const health = named('Health', HealthObject);
+  return [
+    {
+      method: 'GET',
+      path: HEALTH_PATH,
+      operationId: 'getHealth',
+      tag: 'Operations',
+      summary: 'Whether the bridge can do its work',
+      description:
+        'The database answers a read in a write transaction and its folder is writable, and the link to the MQTT ' +
+        `broker is up or has been down for less than ${deps.linkGraceMs} ms (\`health.linkGraceMs\`). ` +
+        'No frontend, no session: `app` is not read. `Cache-Control: no-store`.',
+      device: true,
+      responses: {
+        200: { description: 'Healthy.', json: health },
+        503: { description: 'The database fails, or the link has been down too long.', json: health },
+      },
+      handler: async (_req, reply) => {
+        const database = await checkDatabase();
+        const storage = checkStorage();
+        const downSince = link.downSince;
+        const linkFailing = downSince !== undefined && link.downForMs() >= deps.linkGraceMs;
+        const ok = database && storage.status === 'ok' && !linkFailing;
+        const body: HealthObject = {
+          status: ok ? 'ok' : 'failing',
+          database: database ? 'ok' : 'failing',
+          storage,
+          mqtt: { broker: link.broker, connected: link.connected, downSince: downSince ?? null },
+          version: VERSION,
+          uptimeSec: Math.floor(process.uptime()),
+        };
+        return reply
+          .code(ok ? 200 : 503)
+          .header('cache-control', 'no-store')
+          .type('application/json; charset=utf-8')
+          .send(JSON.stringify(body));
+      },
+    },
+  ];
 }

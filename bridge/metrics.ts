@@ -13,10 +13,12 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { Counter, Gauge, type Metric, Registry, collectDefaultMetrics } from 'prom-client';
+import { z } from 'zod';
 import { UP_TOPICS } from '../protocol/index.js';
 import type { BridgeConfig } from './config.js';
 import type { DeviceService } from './devices/service.js';
 import type { LinkMonitor } from './health.js';
+import type { Route } from './http/route.js';
 import type { BridgeStore } from './store/types.js';
 
 export const METRICS_PATH = '/metrics';
@@ -296,10 +298,13 @@ function safely(work: () => void): void {
   }
 }
 
-/** Counts every request, and serves `GET /metrics`. Does nothing when `metrics.enabled` is false. */
-export function registerMetrics(app: FastifyInstance, deps: MetricsDeps): void {
+/**
+ * Counts every request (a hook on the app), and declares `GET /metrics`, for Prometheus: no frontend, no session.
+ * Nothing when `metrics.enabled` is false.
+ */
+export function metricsRoutes(app: FastifyInstance, deps: MetricsDeps): Route[] {
   const { config } = deps;
-  if (!config.metrics.enabled) return;
+  if (!config.metrics.enabled) return [];
   const tokenFile = config.metrics.tokenFile;
   const tokenHash = tokenFile === undefined ? undefined : sha256(readMetricsToken(tokenFile));
   const { registry, observe } = createRegistry(deps);
@@ -310,22 +315,57 @@ export function registerMetrics(app: FastifyInstance, deps: MetricsDeps): void {
     done();
   });
 
-  app.get(METRICS_PATH, { config: { device: true } }, async (req, reply) => {
-    if (!tokenHash && !isLocalRequest(req)) {
-      return reply.code(403).type('text/plain; charset=utf-8').send(METRICS_FORBIDDEN);
-    }
-    if (tokenHash) {
-      const m = /^Bearer (\S+)$/.exec(req.headers.authorization ?? '');
-      // Hashes of equal length, so that the comparison takes the same time whatever was sent.
-      if (!m || !timingSafeEqual(sha256(m[1]!), tokenHash)) {
-        return reply
-          .code(401)
-          .header('www-authenticate', 'Bearer')
-          .type('text/plain; charset=utf-8')
-          .send(METRICS_UNAUTHORIZED);
+  const route: Route = {
+    method: 'GET',
+    path: METRICS_PATH,
+    operationId: 'getMetrics',
+    tag: 'Operations',
+    summary: 'Prometheus metrics',
+    description:
+      'The Prometheus text format (`text/plain; version=0.0.4`): HTTP requests by route and status and their ' +
+      'durations, MQTT messages received and dropped, the link state, devices known and connected, commands by ' +
+      'state, open firmware jobs, and the process figures. ' +
+      (tokenFile === undefined
+        ? 'No token is set (`metrics.tokenFile`): it answers loopback clients only, and asks them for none. '
+        : 'It asks for `Authorization: Bearer <token>` with the token of `metrics.tokenFile`. ') +
+      'No frontend, no session: `app` is not read. Switched off with `metrics.enabled: false`.',
+    device: true,
+    responses: {
+      200: { description: 'The metrics.', text: z.string() },
+      ...(tokenFile !== undefined
+        ? {
+            401: {
+              description: 'No token, or a wrong one (`WWW-Authenticate: Bearer`).',
+              tokens: [METRICS_UNAUTHORIZED],
+            },
+          }
+        : {
+            403: {
+              description:
+                'A client that is not on this machine: its address is not a loopback one, or it came through a ' +
+                'proxy that `http.trustProxy` does not trust. Set `metrics.tokenFile` to scrape from elsewhere.',
+              tokens: [METRICS_FORBIDDEN],
+            },
+          }),
+    },
+    handler: async (req, reply) => {
+      if (!tokenHash && !isLocalRequest(req)) {
+        return reply.code(403).type('text/plain; charset=utf-8').send(METRICS_FORBIDDEN);
       }
-    }
-    const text = await registry.metrics();
-    return reply.header('cache-control', 'no-store').type(registry.contentType).send(text);
-  });
+      if (tokenHash) {
+        const m = /^Bearer (\S+)$/.exec(req.headers.authorization ?? '');
+        // Hashes of equal length, so that the comparison takes the same time whatever was sent.
+        if (!m || !timingSafeEqual(sha256(m[1]!), tokenHash)) {
+          return reply
+            .code(401)
+            .header('www-authenticate', 'Bearer')
+            .type('text/plain; charset=utf-8')
+            .send(METRICS_UNAUTHORIZED);
+        }
+      }
+      const text = await registry.metrics();
+      return reply.header('cache-control', 'no-store').type(registry.contentType).send(text);
+    },
+  };
+  return [route];
 }

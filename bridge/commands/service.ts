@@ -6,7 +6,7 @@
  */
 import type { Logger } from '../../lib/log.js';
 import { type CmdStatusMessage, messageId } from '../../protocol/index.js';
-import type { SendDown } from '../devices/service.js';
+import type { SendDown } from '../devices/link.js';
 import type { BridgeStore } from '../store/types.js';
 import type { NewBridgeCommand, StoredCommand } from './store.js';
 

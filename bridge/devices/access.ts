@@ -3,10 +3,12 @@
  * while it has no owner, a user whose authcode it heard within the nearby window, when the frontend's `nearby`
  * is on. Every device route asks here, so that the rule is written once.
  */
-import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { RouteContext } from '../app.js';
+import type { FastifyRequest } from 'fastify';
+import type { BridgeConfig } from '../config.js';
 import { ApiError } from '../errors.js';
-import type { User } from '../store/types.js';
+import { token } from '../http/outcomes.js';
+import type { Outcome } from '../http/route.js';
+import type { BridgeStore, User } from '../store/types.js';
 import { parseDeviceRef } from './schemas.js';
 import type { Device } from './store.js';
 
@@ -17,9 +19,15 @@ export interface DeviceAccess {
   visible: (req: FastifyRequest, user: User) => { device: Device; owner: boolean } | undefined;
 }
 
-export function deviceAccess(ctx: RouteContext): DeviceAccess {
-  const devices = ctx.store.devices;
-  const windowMs = ctx.config.devices.nearbyWindowMs;
+export interface AccessDeps {
+  store: BridgeStore;
+  config: BridgeConfig;
+  now: () => number;
+}
+
+export function deviceAccess(deps: AccessDeps): DeviceAccess {
+  const devices = deps.store.devices;
+  const windowMs = deps.config.devices.nearbyWindowMs;
   return {
     userOf(req) {
       if (!req.user) throw new ApiError('no-session');
@@ -33,14 +41,15 @@ export function deviceAccess(ctx: RouteContext): DeviceAccess {
       if (!device) return undefined;
       if (device.ownerId === user.id) return { device, owner: true };
       if (device.ownerId !== null || !req.frontend.config.nearby) return undefined;
-      return devices.heardBy(device.id, user.id, ctx.now() - windowMs) ? { device, owner: false } : undefined;
+      return devices.heardBy(device.id, user.id, deps.now() - windowMs) ? { device, owner: false } : undefined;
     },
   };
 }
 
-const JSON_TYPE = 'application/json; charset=utf-8';
-
-/** A JSON answer that no cache keeps. */
-export function sendJson(reply: FastifyReply, body: string | Buffer, status = 200): FastifyReply {
-  return reply.code(status).header('cache-control', 'no-store').type(JSON_TYPE).send(body);
-}
+/** A device route's `GET` answer for a device the user may not see, which is the answer for no device at all. */
+export const DEVICE_NOT_FOUND: Outcome = {
+  description:
+    '`device-fail`: the device does not exist or the user may not see it (decision 14: the two are the same ' +
+    'answer). `not found`: an unknown frontend.',
+  tokens: [token('device-not-found'), token('not-found')],
+};

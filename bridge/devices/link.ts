@@ -28,6 +28,12 @@ import {
 
 export type UpMessage = { [K in UpTopic]: { deviceId: string; name: K; payload: Payloads[K] } }[UpTopic];
 
+/**
+ * How the bridge's services reach devices through a link: `false` when the message could not be handed to the
+ * broker.
+ */
+export type SendDown = <K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]) => boolean;
+
 export interface LinkOptions {
   url: string;
   clientId: string;

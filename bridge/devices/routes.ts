@@ -10,24 +10,42 @@
  * A device the caller may not see answers exactly as one that does not exist: `GET` 404 `device-fail`, `POST`
  * and `DELETE` 400 `device-fail`.
  */
-import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { type RouteContext, bodyIsFields, fields, query, readForm, send } from '../app.js';
+import type { FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { DEVICE_ID_RE } from '../../protocol/index.js';
 import { ApiError } from '../errors.js';
-import { deviceAccess, sendJson } from './access.js';
-import { ClaimForm, HISTORY_MAX, HistoryQuery, VarNameParam, VarTypeParam, variableForm } from './schemas.js';
+import type { RouteContext } from '../http/context.js';
+import { NO_SESSION, token } from '../http/outcomes.js';
+import { send, sendJson as json } from '../http/reply.js';
+import { bodyIsFields, fields, query, readForm } from '../http/request.js';
+import { type Route, named } from '../http/route.js';
+import { DEVICE_NOT_FOUND, deviceAccess } from './access.js';
+import {
+  ClaimForm,
+  ClaimResponse,
+  DeviceCollection,
+  DeviceObject,
+  HISTORY_MAX,
+  HistoryQuery,
+  VarNameParam,
+  VarTypeParam,
+  VariableAnswer,
+  VariableList,
+  variableForm,
+} from './schemas.js';
 import type { VarType } from './store.js';
 import { renderBare, renderCollection, renderHistory, renderRecord, renderVars } from './view.js';
 
 type Params = { id?: string; type?: string; name?: string };
 
-const json = sendJson;
-
-export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): void {
+export function deviceRoutes(ctx: RouteContext): Route[] {
   const { store, config, now, devices: service } = ctx;
   const devices = store.devices;
-  const windowMs = config.devices.nearbyWindowMs;
-  const maxValueBytes = config.devices.maxValueBytes;
+  const d = config.devices;
+  const windowMs = d.nearbyWindowMs;
+  const maxValueBytes = d.maxValueBytes;
   const VariableForm = variableForm(maxValueBytes);
+  const Collection = named('DeviceCollection', DeviceCollection);
 
   const { userOf, visible } = deviceAccess(ctx);
 
@@ -39,130 +57,337 @@ export function registerDeviceRoutes(app: FastifyInstance, ctx: RouteContext): v
     return type.success && name.success ? { type: type.data, name: name.data } : undefined;
   }
 
-  // ---- devices ----
+  const window = `\`devices.nearbyWindowMs\` (${windowMs} ms)`;
+  const who =
+    'The device is named by its uuid or its auth code. The user may see a device it owns; and, while a device ' +
+    `has no owner and the frontend's \`nearby\` is on, a device that heard one of the user's authcodes within ` +
+    `${window} (decisions 14 and 18), whose variables the user may then read, set and delete too. Any other ` +
+    'device answers exactly as one that does not exist.';
+  const malformed = 'or a malformed body';
 
-  app.get('/0/devices', async (req, reply) => {
-    const user = userOf(req);
-    const owned = devices.deviceIdsOf(user.id);
-    return json(reply, renderCollection(owned.map((id) => [id, devices.deviceJson(id)] as const)));
-  });
-
-  app.post('/0/devices', { config: { failToken: 'claim-fail' } }, async (req, reply) => {
-    const user = userOf(req);
-    const form = readForm(fields(req), ClaimForm);
-    if (!req.frontend.config.registration || !form.auth.ok) throw new ApiError('claim-fail');
-    const device = devices.deviceByAuthcode(form.auth.value);
-    if (!device) throw new ApiError('claim-fail');
-    const product = req.frontend.config;
-    if (product.claimRequiresProximity && device.ownerId !== user.id) {
-      if (!devices.heardBy(device.id, user.id, now() - windowMs)) throw new ApiError('claim-fail');
-    }
-    const outcome = await store.write(() => devices.claim(device.id, user.id, now()));
-    if (outcome === 'taken') throw new ApiError('claim-fail');
-    if (outcome === 'claimed') {
-      ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
-      service.registrationChanged(device.id, true);
-    }
-    // Decision 8: the uuid as text, or `{"id": …}` to a client that asks for JSON.
-    const accept = req.headers.accept ?? '';
-    if (/\bapplication\/json\b/i.test(accept)) return json(reply, JSON.stringify({ id: device.id }), 201);
-    return send(reply, 201, device.id);
-  });
-
-  app.get('/0/devices/:id', async (req, reply) => {
-    const seen = visible(req, userOf(req));
-    if (!seen) throw new ApiError('device-not-found');
-    return json(reply, devices.deviceJson(seen.device.id));
-  });
-
-  app.delete('/0/devices/:id', { config: { failToken: 'device-fail' } }, async (req, reply) => {
-    const user = userOf(req);
-    const seen = visible(req, user);
-    if (!seen?.owner) throw new ApiError('device-fail');
-    const id = seen.device.id;
-    const done = await store.write(() => {
-      if (!devices.unregister(id, user.id)) return false;
-      // The former owner's commands go with the registration.
-      store.commands.deleteOfDevice(id);
-      return true;
-    });
-    if (!done) throw new ApiError('device-fail');
-    ctx.log.info({ event: 'device.unregistered', deviceId: id, userId: user.id });
-    service.registrationChanged(id, false);
-    return send(reply, 200, 'device-ok');
-  });
-
-  // ---- variables ----
-
-  app.get('/0/devices/:id/:type', async (req, reply) => {
-    const seen = visible(req, userOf(req));
-    const type = VarTypeParam.safeParse((req.params as Params).type);
-    if (!seen || !type.success) throw new ApiError('device-not-found');
-    return json(reply, renderVars(devices.vars(seen.device.id, type.data)));
-  });
-
-  app.get('/0/devices/:id/:type/:name', { config: { failToken: 'device-fail' } }, async (req, reply) => {
-    const seen = visible(req, userOf(req));
-    const v = variable(req);
-    if (!seen || !v) throw new ApiError('device-not-found');
-    const q = query(req);
-    if (q.latest !== undefined || q.from !== undefined) {
-      const h = readForm(q, HistoryQuery);
-      if (!h.latest.ok || !h.from.ok) throw new ApiError('device-fail');
-      const asked = h.latest.value === undefined ? 0 : Number(h.latest.value);
-      const limit = asked === 0 || asked > HISTORY_MAX ? HISTORY_MAX : asked;
-      const before = h.from.value === undefined ? undefined : Number(h.from.value);
-      return json(reply, renderHistory(devices.history(seen.device.id, v.type, v.name, limit, before)));
-    }
-    const rec = devices.getVar(seen.device.id, v.type, v.name);
-    if (!rec || rec.value === null) throw new ApiError('device-not-found');
-    // Decision 9: a meta variable reads as its bare value; `d` and `s` as records.
-    return json(reply, v.type === 'meta' ? renderBare(rec) : renderRecord(rec)!);
-  });
-
-  app.post('/0/devices/:id/:type/:name', { config: { failToken: 'device-fail' } }, async (req, reply) => {
-    const seen = visible(req, userOf(req));
-    const v = variable(req);
-    // Decision 22: meta variables are read-only.
-    // A body that is not a set of fields is malformed, not "no value" (which would be a sync).
-    if (!seen || !v || v.type === 'meta' || !bodyIsFields(req)) throw new ApiError('device-fail');
-    const form = readForm(fields(req), VariableForm);
-    if (!form.value.ok || !form.value64.ok) throw new ApiError('device-fail');
-    let value: Buffer | undefined;
-    if (form.value64.value !== undefined) value = Buffer.from(form.value64.value, 'base64');
-    else if (form.value.value !== undefined) value = Buffer.from(form.value.value, 'utf8');
-    if (value !== undefined && value.length > maxValueBytes) throw new ApiError('device-fail');
-    const id = seen.device.id;
-    let ok: boolean;
-    if (value === undefined) {
-      // Rule 3: a `d` variable with no value is synchronised; an `s` variable has nothing to sync.
-      if (v.type !== 'd') throw new ApiError('device-fail');
-      ok = await service.syncVar(id, v.name);
-    } else {
-      ok = await service.setVar(id, v.type, v.name, value);
-    }
-    if (!ok) throw new ApiError('device-fail');
-    return send(reply, 200, 'device-ok');
-  });
-
-  app.delete('/0/devices/:id/:type/:name', { config: { failToken: 'device-fail' } }, async (req, reply) => {
-    const seen = visible(req, userOf(req));
-    const v = variable(req);
-    if (!seen || !v || v.type === 'meta') throw new ApiError('device-fail');
-    // Rule 4: deleting a `d` variable is a version too (a tombstone), synchronised with the device.
-    if (!(await service.setVar(seen.device.id, v.type, v.name, null))) throw new ApiError('device-fail');
-    return send(reply, 200, 'device-ok');
-  });
-
-  // ---- network ----
-
-  app.get('/0/network', async (req, reply) => {
-    const user = userOf(req);
-    // Decision 18, subject to the product's `nearby`: a product without it shows an empty network.
-    if (!req.frontend.config.nearby) return json(reply, '{}');
-    const near = devices
-      .nearbyOf(user.id, now() - windowMs)
-      .filter((d) => d.authcode !== null && (d.ownerId === null || d.ownerId === user.id));
-    return json(reply, renderCollection(near.map((d) => [d.authcode!, devices.deviceJson(d.id)] as const)));
-  });
+  return [
+    // ---- devices ----
+    {
+      method: 'GET',
+      path: '/0/devices/',
+      operationId: 'listDevices',
+      tag: 'Devices',
+      summary: 'The devices registered to the user',
+      description:
+        'Device objects keyed by device uuid, in the order they were claimed. A device object (decision 9) has ' +
+        '`d`, `s` and `meta`, each a map from variable name to variable record; deleted variables are left out. ' +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The devices; `{}` when there are none.', json: Collection },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const user = userOf(req);
+        const owned = devices.deviceIdsOf(user.id);
+        return json(reply, renderCollection(owned.map((id) => [id, devices.deviceJson(id)] as const)));
+      },
+    },
+    {
+      method: 'POST',
+      path: '/0/devices/',
+      operationId: 'claimDevice',
+      tag: 'Devices',
+      summary: 'Claim a device',
+      description:
+        "Registers the device with this auth code to the user (decision 8; one owner). Needs the frontend's " +
+        "`registration`; with its `claimRequiresProximity`, the device must have heard one of the user's " +
+        `authcodes within ${window} (decision 16). Claiming a device the user already owns answers 201 again ` +
+        'with the same id. The answer is the device uuid as text, or `{"id": "<uuid>"}` to a request with ' +
+        '`Accept: application/json`.',
+      session: 'required',
+      failToken: 'claim-fail',
+      form: named('ClaimForm', ClaimForm),
+      responses: {
+        201: {
+          description: "Claimed, or already the user's: the device uuid.",
+          text: z.string().regex(DEVICE_ID_RE),
+          json: named('ClaimResponse', ClaimResponse),
+        },
+        400: {
+          description:
+            '`auth` missing or malformed; no device has this auth code; another user owns the device; the ' +
+            "frontend's `registration` is off; `claimRequiresProximity` is on and the device has not heard the " +
+            `user within the window; ${malformed}.`,
+          tokens: [token('claim-fail')],
+        },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const user = userOf(req);
+        const form = readForm(fields(req), ClaimForm);
+        if (!req.frontend.config.registration || !form.auth.ok) throw new ApiError('claim-fail');
+        const device = devices.deviceByAuthcode(form.auth.value);
+        if (!device) throw new ApiError('claim-fail');
+        const product = req.frontend.config;
+        if (product.claimRequiresProximity && device.ownerId !== user.id) {
+          if (!devices.heardBy(device.id, user.id, now() - windowMs)) throw new ApiError('claim-fail');
+        }
+        const outcome = await store.write(() => devices.claim(device.id, user.id, now()));
+        if (outcome === 'taken') throw new ApiError('claim-fail');
+        if (outcome === 'claimed') {
+          ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
+          service.registrationChanged(device.id, true);
+        }
+        // Decision 8: the uuid as text, or `{"id": …}` to a client that asks for JSON.
+        const accept = req.headers.accept ?? '';
+        if (/\bapplication\/json\b/i.test(accept)) return json(reply, JSON.stringify({ id: device.id }), 201);
+        return send(reply, 201, device.id);
+      },
+    },
+    {
+      method: 'GET',
+      path: '/0/devices/{id}',
+      operationId: 'getDevice',
+      tag: 'Devices',
+      summary: 'One device',
+      description: `The device object (decision 9). ${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      responses: {
+        200: { description: 'The device object.', json: named('DeviceObject', DeviceObject) },
+        401: NO_SESSION,
+        404: DEVICE_NOT_FOUND,
+      },
+      handler: async (req, reply) => {
+        const seen = visible(req, userOf(req));
+        if (!seen) throw new ApiError('device-not-found');
+        return json(reply, devices.deviceJson(seen.device.id));
+      },
+    },
+    {
+      method: 'DELETE',
+      path: '/0/devices/{id}',
+      operationId: 'unregisterDevice',
+      tag: 'Devices',
+      summary: 'Unregister a device',
+      description:
+        'Only the owner may. The device loses its owner, and with it what the owner kept on the server about ' +
+        'it: its `s` variables, the history of all its variables, and the record of who it heard nearby. Its ' +
+        '`d` and `meta` variables stay: they belong to the device. It can be claimed again.',
+      session: 'required',
+      failToken: 'device-fail',
+      responses: {
+        200: { description: 'Unregistered.', tokens: ['device-ok'] },
+        400: {
+          description: `No such device, one the user may not see, or one the user does not own; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const user = userOf(req);
+        const seen = visible(req, user);
+        if (!seen?.owner) throw new ApiError('device-fail');
+        const id = seen.device.id;
+        const done = await store.write(() => {
+          if (!devices.unregister(id, user.id)) return false;
+          // The former owner's commands go with the registration.
+          store.commands.deleteOfDevice(id);
+          return true;
+        });
+        if (!done) throw new ApiError('device-fail');
+        ctx.log.info({ event: 'device.unregistered', deviceId: id, userId: user.id });
+        service.registrationChanged(id, false);
+        return send(reply, 200, 'device-ok');
+      },
+    },
+    // ---- variables ----
+    {
+      method: 'GET',
+      path: '/0/devices/{id}/{type}',
+      operationId: 'listVariables',
+      tag: 'Devices',
+      summary: 'The variables of one type',
+      description:
+        `Variable records keyed by name (rule 5); deleted variables are left out. ${who} ` +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The variables; `{}` when there are none.', json: named('VariableList', VariableList) },
+        401: NO_SESSION,
+        404: {
+          ...DEVICE_NOT_FOUND,
+          description:
+            '`device-fail`: no device the user may see, or a type other than `d`, `s` and `meta`. `not found`: an ' +
+            'unknown frontend.',
+        },
+      },
+      handler: async (req, reply) => {
+        const seen = visible(req, userOf(req));
+        const type = VarTypeParam.safeParse((req.params as Params).type);
+        if (!seen || !type.success) throw new ApiError('device-not-found');
+        return json(reply, renderVars(devices.vars(seen.device.id, type.data)));
+      },
+    },
+    {
+      method: 'GET',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'getVariable',
+      tag: 'Devices',
+      summary: 'One variable, or its history',
+      description:
+        'Without `latest` and `from`: the variable (decision 9): a variable record for `d` and `s` (`d` with ' +
+        'the four stamps `time`, `acked`, `synced`, `syncacked`), the bare value as a JSON string for `meta`. ' +
+        'With `latest` or `from`: its history, newest first (decisions 10 and 11): at most `latest` entries ' +
+        `(absent, 0 or more than ${HISTORY_MAX}: ${HISTORY_MAX}), only those with an id below \`from\` when ` +
+        'given. Each entry is `{key, value | value64 | deleted: true, by, type, timestamp, id}`; `by` is ' +
+        '`device`, `user` or `server`. A variable with no history answers `[]`. History older than ' +
+        `\`devices.historyDays\` (${d.historyDays}) days, and past the newest \`devices.historyPerVariable\` ` +
+        `(${d.historyPerVariable}) entries of the variable, is removed. ${who} \`Cache-Control: no-store\`.`,
+      session: 'required',
+      failToken: 'device-fail',
+      query: HistoryQuery,
+      responses: {
+        200: {
+          description: 'The variable record, the bare `meta` value, or the history entries.',
+          json: named('VariableAnswer', VariableAnswer),
+        },
+        400: {
+          description: '`latest` or `from` is not a non-negative integer (or is given twice).',
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+        404: {
+          ...DEVICE_NOT_FOUND,
+          description:
+            '`device-fail`: no device the user may see; a malformed type or name; without `latest` and `from`, a ' +
+            'variable that does not exist or was deleted. `not found`: an unknown frontend.',
+        },
+      },
+      handler: async (req, reply) => {
+        const seen = visible(req, userOf(req));
+        const v = variable(req);
+        if (!seen || !v) throw new ApiError('device-not-found');
+        const q = query(req);
+        if (q.latest !== undefined || q.from !== undefined) {
+          const h = readForm(q, HistoryQuery);
+          if (!h.latest.ok || !h.from.ok) throw new ApiError('device-fail');
+          const asked = h.latest.value === undefined ? 0 : Number(h.latest.value);
+          const limit = asked === 0 || asked > HISTORY_MAX ? HISTORY_MAX : asked;
+          const before = h.from.value === undefined ? undefined : Number(h.from.value);
+          return json(reply, renderHistory(devices.history(seen.device.id, v.type, v.name, limit, before)));
+        }
+        const rec = devices.getVar(seen.device.id, v.type, v.name);
+        if (!rec || rec.value === null) throw new ApiError('device-not-found');
+        // Decision 9: a meta variable reads as its bare value; `d` and `s` as records.
+        return json(reply, v.type === 'meta' ? renderBare(rec) : renderRecord(rec)!);
+      },
+    },
+    {
+      method: 'POST',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'setVariable',
+      tag: 'Devices',
+      summary: 'Set a variable, or synchronise one',
+      description:
+        'Rules 1 to 3 of the specification. `type` is `d` or `s`; a variable that does not exist is created. ' +
+        '`value64` wins over `value` when both are sent. A `d` value is pushed to the device: the call returns ' +
+        'once the bridge has committed it, and `acked` stays 0 until the device acknowledges the version. A `d` ' +
+        'variable posted with no value is synchronised: its `synced` stamp advances and the current value is ' +
+        'sent again; `syncacked` follows when the device acknowledges. An `s` value is kept on the server only ' +
+        `and is never sent to the device. ${who}`,
+      session: 'required',
+      failToken: 'device-fail',
+      form: named('VariableForm', VariableForm),
+      responses: {
+        200: { description: 'Set, or synchronisation started.', tokens: ['device-ok'] },
+        400: {
+          description:
+            'No device the user may see; `type` `meta` (decision 22: meta variables are read-only) or not a ' +
+            `type; a malformed name; \`value64\` not base64; a value over \`devices.maxValueBytes\` ` +
+            `(${maxValueBytes}) bytes; no value for an \`s\` variable, or for a \`d\` variable that does not ` +
+            'exist or was deleted; a body that is not a set of fields (a JSON value that is not an object, a ' +
+            `non-empty body of another content type), which would otherwise read as a sync; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const seen = visible(req, userOf(req));
+        const v = variable(req);
+        // Decision 22: meta variables are read-only.
+        // A body that is not a set of fields is malformed, not "no value" (which would be a sync).
+        if (!seen || !v || v.type === 'meta' || !bodyIsFields(req)) throw new ApiError('device-fail');
+        const form = readForm(fields(req), VariableForm);
+        if (!form.value.ok || !form.value64.ok) throw new ApiError('device-fail');
+        let value: Buffer | undefined;
+        if (form.value64.value !== undefined) value = Buffer.from(form.value64.value, 'base64');
+        else if (form.value.value !== undefined) value = Buffer.from(form.value.value, 'utf8');
+        if (value !== undefined && value.length > maxValueBytes) throw new ApiError('device-fail');
+        const id = seen.device.id;
+        let ok: boolean;
+        if (value === undefined) {
+          // Rule 3: a `d` variable with no value is synchronised; an `s` variable has nothing to sync.
+          if (v.type !== 'd') throw new ApiError('device-fail');
+          ok = await service.syncVar(id, v.name);
+        } else {
+          ok = await service.setVar(id, v.type, v.name, value);
+        }
+        if (!ok) throw new ApiError('device-fail');
+        return send(reply, 200, 'device-ok');
+      },
+    },
+    {
+      method: 'DELETE',
+      path: '/0/devices/{id}/{type}/{name}',
+      operationId: 'deleteVariable',
+      tag: 'Devices',
+      summary: 'Delete a variable',
+      description:
+        'Deletes a `d` or `s` variable: a new version with no value (a tombstone), recorded in the history as ' +
+        '`deleted: true`. A `d` deletion is pushed to the device and acknowledged like any other version ' +
+        `(rule 4). ${who}`,
+      session: 'required',
+      failToken: 'device-fail',
+      responses: {
+        200: { description: 'Deleted.', tokens: ['device-ok'] },
+        400: {
+          description:
+            'No device the user may see; `type` `meta` or not a type; a malformed name; a variable that does not ' +
+            `exist or is already deleted; ${malformed}.`,
+          tokens: [token('device-fail')],
+        },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const seen = visible(req, userOf(req));
+        const v = variable(req);
+        if (!seen || !v || v.type === 'meta') throw new ApiError('device-fail');
+        // Rule 4: deleting a `d` variable is a version too (a tombstone), synchronised with the device.
+        if (!(await service.setVar(seen.device.id, v.type, v.name, null))) throw new ApiError('device-fail');
+        return send(reply, 200, 'device-ok');
+      },
+    },
+    // ---- network ----
+    {
+      method: 'GET',
+      path: '/0/network/',
+      operationId: 'getNetwork',
+      tag: 'Network',
+      summary: 'The devices near the user',
+      description:
+        "Decision 18: the devices that heard one of the user's authcodes (broadcast by the user's phone on UDP " +
+        `590) within ${window}, keyed by device auth code, as device objects. A device owned by another user is ` +
+        "left out. With the frontend's `nearby` off, `{}`. `Cache-Control: no-store`.",
+      session: 'required',
+      responses: {
+        200: { description: 'The nearby devices; `{}` when there are none.', json: Collection },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        const user = userOf(req);
+        // Decision 18, subject to the product's `nearby`: a product without it shows an empty network.
+        if (!req.frontend.config.nearby) return json(reply, '{}');
+        const near = devices
+          .nearbyOf(user.id, now() - windowMs)
+          .filter((dev) => dev.authcode !== null && (dev.ownerId === null || dev.ownerId === user.id));
+        return json(reply, renderCollection(near.map((dev) => [dev.authcode!, devices.deviceJson(dev.id)] as const)));
+      },
+    },
+  ];
 }

@@ -100,3 +100,8 @@ export const HistoryEntry = z.object({
   id: z.number().int(),
 });
 export const HistoryList = z.array(HistoryEntry);
+
+/** `GET /0/devices/<id>/<type>`: the variables of one type, keyed by name (rule 5). */
+export const VariableList = z.record(z.string(), VariableRecord);
+/** `GET /0/devices/<id>/<type>/<name>`: a record (`d`, `s`), a bare value (`meta`), or the history. */
+export const VariableAnswer = z.union([VariableRecord, z.string(), HistoryList]);

@@ -10,10 +10,8 @@
 import type { Logger } from '../../lib/log.js';
 import {
   type AckItem,
-  type DownTopic,
   type FwState,
   type HelloMessage,
-  type Payloads,
   type StatePayload,
   type VarItem,
   type VarsMessage,
@@ -29,14 +27,11 @@ import {
 } from '../../protocol/index.js';
 import type { CommandService } from '../commands/service.js';
 import type { BridgeStore } from '../store/types.js';
-import { userOfAuthcode } from '../users/routes.js';
-import type { UpMessage } from './link.js';
+import { userOfAuthcode } from '../users/authcode.js';
+import type { SendDown, UpMessage } from './link.js';
 import { ResendSchedule } from './resend.js';
 import { HistoryRetention } from './retention.js';
 import type { VarRecord } from './store.js';
-
-/** How the service reaches devices: `false` when the message could not be handed to the broker. */
-export type SendDown = <K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]) => boolean;
 
 export interface DeviceServiceOptions {
   store: BridgeStore;

@@ -16,13 +16,15 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { RouteContext } from '../app.js';
-import { send } from '../app.js';
-import { deviceAccess, sendJson } from '../devices/access.js';
+import type { FastifyRequest } from 'fastify';
 import { FW_AFTER_SWITCH, FW_FINAL_STATES } from '../../protocol/index.js';
+import { deviceAccess } from '../devices/access.js';
 import { ApiError } from '../errors.js';
-import { FirmwareName, firmwareJson } from './catalog.js';
+import type { RouteContext } from '../http/context.js';
+import { NO_SESSION, token } from '../http/outcomes.js';
+import { send, sendJson } from '../http/reply.js';
+import { type Route, named } from '../http/route.js';
+import { FirmwareList, FirmwareName, firmwareJson } from './catalog.js';
 
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 /** The current value of a device's variable, as text. */
@@ -49,16 +51,11 @@ function parseRange(header: string | undefined, size: number): { start: number; 
   return { start, end };
 }
 
-export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext): void {
+export function firmwareRoutes(ctx: RouteContext): Route[] {
   const { userOf, visible } = deviceAccess(ctx);
   const { store, config, now, log } = ctx;
   const catalog = store.firmware;
   const jobs = store.fwJobs;
-
-  app.get('/0/firmware', async (req, reply) => {
-    userOf(req);
-    return sendJson(reply, JSON.stringify(catalog.list().map(firmwareJson)));
-  });
 
   async function start(req: FastifyRequest) {
     const user = userOf(req);
@@ -125,12 +122,60 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
     log.info({ event: 'fw.started', deviceId: id, job: jobId, name: image.name, version: image.version });
   }
 
-  for (const prefix of ['fw', 'firmware']) {
-    app.post(`/0/devices/:id/${prefix}/*`, { config: { failToken: 'device-fwup-start-fail' } }, async (req, reply) => {
+  const who = 'For the owner of the device, or a user it heard nearby while it has no owner.';
+  const startRoute = (prefix: string, operationId: string, alias: boolean): Route => ({
+    method: 'POST',
+    path: `/0/devices/{id}/${prefix}/{image}`,
+    rest: true,
+    operationId,
+    tag: 'Firmware',
+    summary: alias ? "Start a firmware update (the official client's spelling)" : 'Start a firmware update',
+    description:
+      '`{image}` is the image name as in `GET /0/firmware/`, slashes included. The device must be `connected` in ' +
+      "`d` `mode` and in `meta` `state`, its `meta` `platform` must be in the image's `info.platforms.from`, and " +
+      'no update of it may be running. The job goes to the device on `down/fw`; its progress shows as `meta` ' +
+      `\`fwstate\`, \`fwprogress\`, \`fwname\`, \`fwerror\`, \`fwerrorcode\`. ${who}`,
+    session: 'required',
+    failToken: 'device-fwup-start-fail',
+    responses: {
+      200: { description: 'The update started.', tokens: ['device-ok'] },
+      400: {
+        description:
+          '`device-fwup-name-fail`: no image of that name. `device-fwup-start-fail`: the device is not connected ' +
+          'in mode and state, its platform is not one the image updates from, an update is running, the job ' +
+          'could not be handed to the broker, or a malformed body. `device-fail`: no device the user may see.',
+        tokens: [token('device-fwup-name-fail'), token('device-fwup-start-fail'), token('device-fail')],
+      },
+      401: NO_SESSION,
+    },
+    handler: async (req, reply) => {
       await start(req);
       return send(reply, 200, 'device-ok');
-    });
-    app.delete(`/0/devices/:id/${prefix}`, { config: { failToken: 'firmware-fail' } }, async (req, reply) => {
+    },
+  });
+  const cancelRoute = (prefix: string, operationId: string, alias: boolean): Route => ({
+    method: 'DELETE',
+    path: `/0/devices/{id}/${prefix}`,
+    operationId,
+    tag: 'Firmware',
+    summary: alias ? "Cancel a firmware update (the official client's spelling)" : 'Cancel a firmware update',
+    description:
+      'Cancels the running update before the switch of the active slot (decision 7): `firmware-ok`, and a cancel ' +
+      `on \`down/fw\`; the device reports \`fwstate\` \`cancelled\`. ${who}`,
+    session: 'required',
+    failToken: 'firmware-fail',
+    responses: {
+      200: { description: 'The cancel went to the device.', tokens: ['firmware-ok'] },
+      400: {
+        description:
+          'No update is running, it is past the switch (`fwstate` `switching`, `restarting`, `committing`, ' +
+          '`rollingback`), the device is not one the user may see, the cancel could not be handed over, or a ' +
+          'malformed body.',
+        tokens: [token('firmware-fail')],
+      },
+      401: NO_SESSION,
+    },
+    handler: async (req, reply) => {
       const user = userOf(req);
       const seen = visible(req, user);
       if (!seen) throw new ApiError('firmware-fail');
@@ -144,27 +189,78 @@ export function registerFirmwareRoutes(app: FastifyInstance, ctx: RouteContext):
       await store.write(() => jobs.markCancelled(job.id));
       log.info({ event: 'fw.cancel_sent', deviceId: id, job: job.id });
       return send(reply, 200, 'firmware-ok');
-    });
-  }
-
-  app.get('/0/firmware/jobs/:job/image', { config: { device: true } }, async (req, reply) => {
-    const jobId = ((req.params as { job?: string }).job ?? '').toLowerCase();
-    const auth = /^Bearer ([A-Za-z0-9_-]{1,128})$/.exec(req.headers.authorization ?? '');
-    const job = UUID_RE.test(jobId) && auth ? jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
-    if (!job) throw new ApiError('fw-token-fail');
-    const path = catalog.imagePath(job);
-    const range = parseRange(req.headers.range, job.size);
-    reply.header('accept-ranges', 'bytes').header('cache-control', 'no-store').type('application/octet-stream');
-    if (range === null) {
-      return reply.code(416).header('content-range', `bytes */${job.size}`).send();
-    }
-    if (range === undefined) {
-      return reply.code(200).header('content-length', job.size).send(createReadStream(path));
-    }
-    return reply
-      .code(206)
-      .header('content-range', `bytes ${range.start}-${range.end}/${job.size}`)
-      .header('content-length', range.end - range.start + 1)
-      .send(createReadStream(path, { start: range.start, end: range.end }));
+    },
   });
+
+  return [
+    {
+      method: 'GET',
+      path: '/0/firmware/',
+      operationId: 'listFirmware',
+      tag: 'Firmware',
+      summary: 'The firmware catalog',
+      description:
+        'The images the operator added with `devcloud-bridge firmware add`, ordered by name, then version. ' +
+        '`Cache-Control: no-store`.',
+      session: 'required',
+      responses: {
+        200: { description: 'The images; `[]` when there are none.', json: named('FirmwareList', FirmwareList) },
+        401: NO_SESSION,
+      },
+      handler: async (req, reply) => {
+        userOf(req);
+        return sendJson(reply, JSON.stringify(catalog.list().map(firmwareJson)));
+      },
+    },
+    startRoute('fw', 'startFirmwareUpdate', false),
+    startRoute('firmware', 'startFirmwareUpdateAlias', true),
+    cancelRoute('fw', 'cancelFirmwareUpdate', false),
+    cancelRoute('firmware', 'cancelFirmwareUpdateAlias', true),
+    {
+      method: 'GET',
+      path: '/0/firmware/jobs/{job}/image',
+      operationId: 'downloadFirmwareImage',
+      tag: 'Firmware',
+      summary: "A job's image, for its device",
+      description:
+        'What the device downloads, with `Authorization: Bearer <token>` from its `down/fw` job; the token is valid ' +
+        'until the job ends or `firmware.tokenHours` pass. One HTTP range (`Range: bytes=N-`, `bytes=N-M` or `bytes=-N`) is ' +
+        'answered 206 with `Content-Range`, so a download resumes where it stopped. No frontend, no session: ' +
+        '`app` is not read. `Accept-Ranges: bytes`, `Cache-Control: no-store`.',
+      device: true,
+      responses: {
+        200: { description: 'The whole image (also for a `Range` in a unit other than bytes).', binary: true },
+        206: { description: 'The range asked for.', binary: true, contentRange: true },
+        401: {
+          description: 'No valid token: none, a wrong one, an expired one, or one for a job that is not open.',
+          tokens: [token('fw-token-fail')],
+        },
+        416: {
+          description:
+            'A `bytes` range that is not one range within the image (`Content-Range: bytes */size`); ' + 'no body.',
+          contentRange: true,
+        },
+      },
+      handler: async (req, reply) => {
+        const jobId = ((req.params as { job?: string }).job ?? '').toLowerCase();
+        const auth = /^Bearer ([A-Za-z0-9_-]{1,128})$/.exec(req.headers.authorization ?? '');
+        const job = UUID_RE.test(jobId) && auth ? jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
+        if (!job) throw new ApiError('fw-token-fail');
+        const path = catalog.imagePath(job);
+        const range = parseRange(req.headers.range, job.size);
+        reply.header('accept-ranges', 'bytes').header('cache-control', 'no-store').type('application/octet-stream');
+        if (range === null) {
+          return reply.code(416).header('content-range', `bytes */${job.size}`).send();
+        }
+        if (range === undefined) {
+          return reply.code(200).header('content-length', job.size).send(createReadStream(path));
+        }
+        return reply
+          .code(206)
+          .header('content-range', `bytes ${range.start}-${range.end}/${job.size}`)
+          .header('content-length', range.end - range.start + 1)
+          .send(createReadStream(path, { start: range.start, end: range.end }));
+      },
+    },
+  ];
 }

@@ -172,7 +172,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
     log,
   );
   cleanups.push(() => mailer.close());
-  const app = buildApp({ config, store, hasher, mailer, log, now: () => clock.t });
+  const app = buildApp({ config, store, hasher, mailer, log, now: () => clock.t, checkAnswers: true });
   await app.listen({ host: '127.0.0.1', port: 0 });
   cleanups.push(() => app.close());
   const port = (app.server.address() as { port: number }).port;

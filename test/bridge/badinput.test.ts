@@ -621,7 +621,7 @@ beforeAll(async () => {
     maxQueued: a.hashQueue,
   });
   const mailer = createMailer({ from: config.mail.from, outboxDir: outboxDir(config), smtp: undefined }, log);
-  app = buildApp({ config, store, hasher, mailer, log });
+  app = buildApp({ config, store, hasher, mailer, log, checkAnswers: true });
   app.addHook('onClose', () => mailer.close());
   await app.listen({ host: '127.0.0.1', port: 0 });
   port = (app.server.address() as { port: number }).port;

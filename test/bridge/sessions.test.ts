@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
 import { outboxDir } from '../../bridge/config.js';
-import { userOfAuthcode } from '../../bridge/users/routes.js';
+import { userOfAuthcode } from '../../bridge/users/authcode.js';
 import {
   type HttpClient,
   type HttpResult,

@@ -15,7 +15,6 @@ import { hasherFor } from '../../bridge/accounts/password.js';
 import { BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { HealthObject } from '../../bridge/health.js';
 import { createMailer } from '../../bridge/mail/mailer.js';
-import { buildOpenApi } from '../../bridge/openapi.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
 import { topicFor } from '../../protocol/index.js';
@@ -329,7 +328,9 @@ describe('access to /metrics', () => {
       // The health probe needs no token.
       expect((await fetch(`${b.url}/healthz`)).status).toBe(200);
       // The document says so.
-      const doc = buildOpenApi(b.config) as { paths: Record<string, { get: { responses: Record<string, unknown> } }> };
+      const doc = (await (await fetch(`${b.url}/0/openapi.json`)).json()) as {
+        paths: Record<string, { get: { responses: Record<string, unknown> } }>;
+      };
       expect(Object.keys(doc.paths['/metrics']!.get.responses)).toContain('401');
     } finally {
       await b.close();
@@ -425,11 +426,18 @@ describe('access to /metrics', () => {
       const r = await b.client().get('/metrics');
       expect([r.status, r.body]).toEqual([404, 'not found']);
       expect((await b.client().get('/healthz')).status).toBe(200);
-      const doc = buildOpenApi(b.config) as { paths: Record<string, unknown> };
+      const doc = JSON.parse((await b.client().get('/0/openapi.json')).body) as { paths: Record<string, unknown> };
       expect(doc.paths['/metrics']).toBeUndefined();
       expect(doc.paths['/healthz']).toBeDefined();
-      const open = buildOpenApi(BridgeConfigSchema.parse({ dataDir: '/unused' })) as { paths: Record<string, unknown> };
-      expect(open.paths['/metrics']).toBeDefined();
+      const enabled = await startTestBridge();
+      try {
+        const open = JSON.parse((await enabled.client().get('/0/openapi.json')).body) as {
+          paths: Record<string, unknown>;
+        };
+        expect(open.paths['/metrics']).toBeDefined();
+      } finally {
+        await enabled.close();
+      }
     } finally {
       await b.close();
     }
@@ -447,7 +455,9 @@ describe('access to /metrics', () => {
       ] as const) {
         const config = BridgeConfigSchema.parse({ dataDir, metrics: { tokenFile: file } });
         const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
-        expect(() => buildApp({ config, store, hasher: hasherFor(config), mailer, log })).toThrow(message);
+        expect(() => buildApp({ config, store, hasher: hasherFor(config), mailer, log, checkAnswers: true })).toThrow(
+          message,
+        );
         void mailer.close();
       }
     } finally {

@@ -12,7 +12,7 @@ import https from 'node:https';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { z } from 'zod';
-import { hasherFor } from '../../bridge/accounts/password.js';
+import { type PasswordHasher, hasherFor } from '../../bridge/accounts/password.js';
 import { buildApp } from '../../bridge/app.js';
 import { Bridge } from '../../bridge/bridge.js';
 import { CommandService } from '../../bridge/commands/service.js';
@@ -238,6 +238,10 @@ export interface TestBridgeOptions {
   clock?: TestClock;
   /** The address to listen on (default 127.0.0.1); `url` names 127.0.0.1 for a wildcard address. */
   host?: string;
+  /** The password hasher, instead of scrypt at its cheapest cost. */
+  hasher?: PasswordHasher;
+  /** Opens the store in the data directory, instead of a plain `SqliteStore`. */
+  openStore?: (dataDir: string) => SqliteStore;
 }
 
 export interface TestBridge {
@@ -283,13 +287,14 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const clock = opts.clock ?? new TestClock();
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
-  const store = new SqliteStore(dataDir);
+  const store = opts.openStore?.(dataDir) ?? new SqliteStore(dataDir);
   const defaultFrontend = ensureDefaultFrontend(store, clock.now());
-  const hasher = hasherFor(config);
+  const hasher = opts.hasher ?? hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
   const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
   const devices = createDeviceService(config, store, log, clock.now, commands);
-  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands });
+  // Every answer of every test is held to the API document: an undocumented one answers 500 `undocumented-answer`.
+  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands, checkAnswers: true });
   let url: string | undefined;
   let send: Send;
   if (transport === 'inject') {
@@ -334,6 +339,9 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
       await mailer.close();
       store.close();
       rmSync(dataDir, { recursive: true, force: true });
+      // A test that never looked at the status of an undocumented answer still fails.
+      const undocumented = sink.events('http.undocumented_answer');
+      if (undocumented.length > 0) throw new Error(`undocumented answers: ${JSON.stringify(undocumented)}`);
     },
   };
 }
@@ -393,7 +401,8 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
   const store = new SqliteStore(dataDir, log, { backgroundCheckpoints: true });
   let bridge: Bridge<SqliteStore>;
   try {
-    bridge = await Bridge.start({ config, store, log, now: Date.now });
+    // Every answer is held to the API document, as in the app-level harness above.
+    bridge = await Bridge.start({ config, store, log, now: Date.now, checkAnswers: true });
   } catch (err) {
     store.close();
     throw err;
@@ -414,6 +423,9 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
         store.close();
       }
       if (remove) rmSync(dataDir, { recursive: true, force: true });
+      // A test that never looked at the status of an undocumented answer still fails.
+      const undocumented = sink.events('http.undocumented_answer');
+      if (undocumented.length > 0) throw new Error(`undocumented answers: ${JSON.stringify(undocumented)}`);
     },
   };
 }
