@@ -5,16 +5,14 @@
  * - the bridge killed while a command runs, and right after it answered a POST: on the device's next hello the
  *   bridge hands its open commands over again, and the agent answers the repeat without running it again.
  */
-import { execFile } from 'node:child_process';
 import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { QueueJson } from '../../agent/local/messages.js';
 import {
   type AgentProcess,
-  ROOT,
   type TestAgent,
+  agentCli,
   spawnAgent,
   startAgent,
   tempDir,
@@ -24,8 +22,6 @@ import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/br
 import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
 import { type Cmd, FINAL_STATES, newIdentity, runsIn, until, writeHandlers } from './support.js';
-
-const run = promisify(execFile);
 
 async function signupAndClaim(http: HttpClient, authcode: string, deviceId: string): Promise<void> {
   const signup = await http.post('/0/session/signup', {
@@ -174,12 +170,9 @@ describe('commands across crashes', () => {
     expect(runsIn(work)).toEqual(['first', 'b', 'c', 'a', 'd']);
 
     // What the gateway's engineer sees: nothing left to run; the history with the interrupted one.
-    const { stdout } = await run(
-      process.execPath,
-      ['--import', 'tsx', join(ROOT, 'agent/main.ts'), 'queue', '--json', '--socket', second.socket],
-      { cwd: ROOT, env: { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: work } },
-    );
-    const q = JSON.parse(stdout) as QueueJson;
+    const shown = await agentCli(['queue', '--json', '--socket', second.socket], { CONFIGURATION_DIRECTORY: work });
+    expect(shown.code, shown.stderr).toBe(0);
+    const q = JSON.parse(shown.stdout) as QueueJson;
     expect([q.running, q.queued]).toEqual([[], []]);
     expect(q.recent.map((c) => [c.command, c.state])).toEqual([
       ['rec d', 'done'],
