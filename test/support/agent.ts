@@ -51,6 +51,8 @@ export interface TestAgentOptions {
   level?: 'info' | 'debug' | 'warn';
   /** Called once the agent has stopped for its own restart (firmware `restart: agent`), instead of exiting. */
   onRestart?: () => void;
+  /** The agent's monotonic clock (intervals, and its time once it knows the cloud's); the real one by default. */
+  monotonic?: () => number;
 }
 
 export interface TestAgent {
@@ -90,7 +92,13 @@ export async function startAgent(opts: TestAgentOptions): Promise<TestAgent> {
     base: { service: 'devcloud-agent' },
     destination: sink,
   });
-  const agent = await Agent.start({ config, log, env: {}, ...(opts.onRestart ? { onRestart: opts.onRestart } : {}) });
+  const agent = await Agent.start({
+    config,
+    log,
+    env: {},
+    ...(opts.onRestart ? { onRestart: opts.onRestart } : {}),
+    ...(opts.monotonic ? { monotonic: opts.monotonic } : {}),
+  });
   const socket = join(stateDir, 'agent.sock');
   return {
     agent,
