@@ -761,11 +761,11 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
     // the cloud's move on together, so that the cloud's clock on what it sends stays the agent's.
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
     let elapsed = 0;
+    cloud.now = () => Date.now() + elapsed;
     const { ta, c, id } = await boot({ 'sync.retryMs': 1000 }, broker.url, () => monotonicMs() + elapsed);
     /** A retry period passes: the interval checks, and everything sent before is due again. */
     const retryPeriod = async () => {
       elapsed += 1000;
-      cloud.skewMs = elapsed;
       await vi.advanceTimersByTimeAsync(1000);
     };
     cloud.autoAck = false;

@@ -66,15 +66,10 @@ export class FakeCloud {
   /** When false, nothing is sent on hello (to test what the agent does alone). */
   catchUpOnHello = true;
   /**
-   * Added to the real clock for every stamp and every clock the cloud sends: a test that moves an agent's clock
-   * forward (its `monotonic`) moves the cloud's by as much, so that both go on agreeing.
+   * The cloud's clock, for every stamp and every clock the cloud sends: the real one, unless a test that moves an
+   * agent's clock forward (its `monotonic`) moves the cloud's by as much, so that both go on agreeing.
    */
-  skewMs = 0;
-
-  /** The cloud's clock. */
-  now(): number {
-    return Date.now() + this.skewMs;
-  }
+  now: () => number = () => Date.now();
 
   static async start(url: string): Promise<FakeCloud> {
     const cloud = new FakeCloud();
