@@ -12,13 +12,14 @@ import { type VarItem, decode, parseTopic } from '../../protocol/index.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 import { type TestBroker, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
+import { missing } from '../support/system.js';
 
 /** Captured before timers are faked: waiting on the real clock. */
 const realSetTimeout = globalThis.setTimeout;
 /** A device nobody listens for: the cloud's keepalive ticks go there. */
 const NOBODY = '00000000-0000-4000-8000-000000000000';
 
-describe('deadleaf mode', () => {
+describe.skipIf(missing('mosquitto'))('deadleaf mode', () => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let observer: MqttClient;

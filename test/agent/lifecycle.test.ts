@@ -9,7 +9,7 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Identity } from '../../agent/identity.js';
-import { type TestBroker, type BrokerKind, startBroker } from '../support/brokers.js';
+import { type TestBroker, type BrokerKind, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
 import {
   type AgentProcess,
@@ -56,7 +56,7 @@ interface Running {
   id: string;
 }
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('the agent process with %s', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('the agent process with %s', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   const procs: AgentProcess[] = [];

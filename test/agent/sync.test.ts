@@ -26,7 +26,7 @@ import {
   parseTopic,
   topicFor,
 } from '../../protocol/index.js';
-import { type BrokerKind, type TestBroker, startBroker } from '../support/brokers.js';
+import { type BrokerKind, type TestBroker, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 
@@ -176,7 +176,7 @@ class Gate {
 
 const acked = (r: { time: number; acked: number } | undefined) => r !== undefined && r.acked >= r.time;
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('variable sync through %s', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let tap: Tap;

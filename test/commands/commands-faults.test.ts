@@ -21,6 +21,7 @@ import {
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
+import { missing } from '../support/system.js';
 import { type Cmd, FINAL_STATES, newIdentity, runsIn, until, writeHandlers } from './support.js';
 
 async function signupAndClaim(http: HttpClient, authcode: string, deviceId: string): Promise<void> {
@@ -200,10 +201,7 @@ describe('commands across crashes', () => {
    * process group that survived. Either way the handler's file never appears and the command is reported
    * interrupted.
    */
-  it.each([
-    ['setpriv on PATH: killed with the agent', process.env.PATH ?? '/usr/bin:/bin', true],
-    ['no setpriv: killed when the agent starts again', '/nonexistent', false],
-  ])('kill -9 of the agent, %s', async (_what, agentPath, pdeathsig) => {
+  const killedWithTheAgent = async (agentPath: string, pdeathsig: boolean) => {
     const { work, deviceId, http, spawn, first } = await claimedAgentProcess('info', { PATH: agentPath });
 
     // Far longer than a restart of the agent takes, even on a busy machine: the handler is ended long before its
@@ -241,7 +239,12 @@ describe('commands across crashes', () => {
     // The handler and its child are gone, so nothing is left that could write its file: there is none.
     expect(existsSync(join(work, 'slow.out'))).toBe(false);
     expect(second.output()).toMatch(/"event":"cmd\.interrupted"/);
-  });
+  };
+  it.skipIf(missing('setpriv'))('kill -9 of the agent, setpriv on PATH: killed with the agent', () =>
+    killedWithTheAgent(process.env.PATH ?? '/usr/bin:/bin', true),
+  );
+  it('kill -9 of the agent, no setpriv: killed when the agent starts again', () =>
+    killedWithTheAgent('/nonexistent', false));
 
   it('kill -9 of the bridge: commands handed over again on hello run once', async () => {
     const dataDir = tempDir('devcloud-bridge-');
