@@ -89,7 +89,7 @@ export function lacking(...needs: Need[]): string | undefined {
   return `needs ${parts.join(' and ')}`;
 }
 
-/** Lines already printed by this test file, so that each is said once. */
+/** Lines already printed (each names its test file), so that each is said once per worker. */
 const said = new Set<string>();
 
 /**
