@@ -4,7 +4,7 @@
  * broker on the real clock. The shift is read from a file, so a test can step the clock while the agent runs; the
  * monotonic clock is left alone, as a real clock step leaves it.
  */
-import { existsSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { createSocket } from 'node:dgram';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -15,16 +15,11 @@ import { type AgentProcess, spawnAgent, tempDir, waitForSocket } from '../suppor
 import { type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import type { HttpClient } from '../support/bridge.js';
 import { freePort } from '../support/brokers.js';
+import { libfaketime, missing } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 const HOUR = 3_600_000;
-/** Where Debian puts the library: under the multiarch folder of /usr/lib. */
-const FAKETIME = ['', ...readdirSync('/usr/lib')]
-  .map((dir) => join('/usr/lib', dir, 'faketime/libfaketime.so.1'))
-  .find((path) => existsSync(path));
-if (FAKETIME === undefined && process.env.CI !== 'true') {
-  console.error('clock tests skipped: install libfaketime (apt-get install faketime) to run them');
-}
+const FAKETIME = libfaketime();
 
 type Rec = { value?: string; time: number; acked: number };
 interface ClockStatus {
@@ -38,7 +33,7 @@ interface AgentStatus {
   nearby: { port: number | null; reported: number; repeated: number };
 }
 
-describe.skipIf(FAKETIME === undefined && process.env.CI !== 'true')('an agent with a wrong clock', () => {
+describe.skipIf(missing('libfaketime'))('an agent with a wrong clock', () => {
   const cleanups: Array<() => Promise<void> | void> = [];
   afterEach(async () => {
     for (const c of cleanups.splice(0).reverse()) await c();

@@ -1,22 +1,25 @@
 /**
  * Decision 21, `deadleaf` mode: the agent wakes every `d` variable `deadleaf` seconds, syncs, and sleeps; while
- * asleep its retained `state` is `sleeping`. Timers are fake (the wake period, the settle check); `Date`,
+ * asleep its retained `state` is `sleeping`. Timers are fake (the wake period, the settle check), and the agent's
+ * monotonic clock (by which it judges a wake's time budget) and the fake cloud's clock move on with them; `Date`,
  * `setImmediate` and all I/O are real, so the broker, the socket and SQLite behave as in production.
  */
 import mqtt, { type MqttClient } from 'mqtt';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { monotonicMs } from '../../agent/clock.js';
 import type { LocalClient } from '../../agent/local/client.js';
 import { type VarItem, decode, parseTopic } from '../../protocol/index.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 import { type TestBroker, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
+import { missing } from '../support/system.js';
 
 /** Captured before timers are faked: waiting on the real clock. */
 const realSetTimeout = globalThis.setTimeout;
 /** A device nobody listens for: the cloud's keepalive ticks go there. */
 const NOBODY = '00000000-0000-4000-8000-000000000000';
 
-describe('deadleaf mode', () => {
+describe.skipIf(missing('mosquitto'))('deadleaf mode', () => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let observer: MqttClient;
@@ -25,6 +28,16 @@ describe('deadleaf mode', () => {
   let id: string;
   /** Every `sync` item the agent sent, as the broker delivered it. */
   const syncsSeen: VarItem[] = [];
+  /** The fake clock when the timers were faked, and how far it has moved since. */
+  let fakeStart = 0;
+  let moved = 0;
+  const fakeNow = () => {
+    const t = vi.getMockedSystemTime();
+    if (t) moved = t.getTime() - fakeStart;
+    return fakeStart + moved;
+  };
+  /** Roughly when the agent last decided to sleep, on the fake clock (at most a step after). */
+  let sleptAt = 0;
 
   /** Polls a condition on the real clock. */
   async function waitFor(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
@@ -89,6 +102,7 @@ describe('deadleaf mode', () => {
     let down = false;
     agent.agent.uplink.once('down', () => (down = true));
     await advanceUntil(() => agent.sink.events('mode.sleep').length > sleeps, 'the decision to sleep');
+    sleptAt = fakeNow();
     await advanceUntil(
       async () => down && (await state()) === 'sleeping' && cloud.device(id).state === 'sleeping',
       'the agent asleep',
@@ -111,7 +125,25 @@ describe('deadleaf mode', () => {
     });
     await observer.subscribeAsync('dc/v1/+/up/vars', { qos: 1 });
     vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval'] });
+    fakeStart = vi.getMockedSystemTime()!.getTime();
+    moved = 0;
+    // From here the cloud's clock is the real one plus what the fake clock has moved, as is the agent's.
+    cloud.now = () => Date.now() + (fakeNow() - fakeStart);
   });
+
+  const wakes = () => agent.sink.events('mode.wake').length;
+
+  /**
+   * The agent asleep since `sleptAt` for `periodMs`: moves the clock on to a second before the period ends, where
+   * it must still be asleep, then on until the wake timer fires. The wake's work is then real I/O.
+   */
+  async function untilWake(periodMs: number): Promise<void> {
+    const before = wakes();
+    await advance(sleptAt + periodMs - 1000 - fakeNow());
+    expect(wakes(), 'woke before the period ended').toBe(before);
+    expect(await state()).toBe('sleeping');
+    await advanceUntil(() => wakes() > before, 'the wake', { maxMs: 3000 });
+  }
 
   /** Starts the agent (in master mode) under fake timers and waits until the cloud has its hello. */
   async function boot(flags: Record<string, unknown> = {}): Promise<void> {
@@ -119,6 +151,7 @@ describe('deadleaf mode', () => {
       mqttUrl: broker.url,
       // Settle as soon as everything is acknowledged; a keepalive longer than any fake advance here.
       flags: { 'sync.quietMs': 0, 'mqtt.keepaliveSec': 3600, ...flags },
+      monotonic: () => monotonicMs() + (fakeNow() - fakeStart),
     });
     id = agent.agent.identity.deviceId;
     client = await agent.client();
@@ -159,11 +192,10 @@ describe('deadleaf mode', () => {
     const before = local();
 
     // Not a moment before the period ends.
-    await advance(59_000);
+    await untilWake(60_000);
     expect(hellos()).toBe(1);
-    expect(await state()).toBe('sleeping');
     expect(cloud.value(id, 'temp')).toBeUndefined();
-    await advanceUntil(() => hellos() === 2, 'the wake', { patienceMs: 100, maxMs: 2000 });
+    await waitFor(() => hellos() === 2, 'the hello of the wake');
 
     // The wake's work: the local change pushed, the cloud's change received, every d variable synced.
     await waitFor(() => (cloud.get(id, 'temp')?.acked ?? 0) >= temp.time, 'temp in the cloud');
@@ -189,9 +221,9 @@ describe('deadleaf mode', () => {
 
     // Master mode set while asleep takes effect on the next wake: the agent stays up.
     const master = cloud.set(id, 'mode', 'master');
-    await advance(59_000);
+    await untilWake(60_000);
     expect(hellos()).toBe(2);
-    await advanceUntil(() => hellos() === 3, 'the next wake', { patienceMs: 100, maxMs: 2000 });
+    await waitFor(() => hellos() === 3, 'the hello of the next wake');
     await waitFor(() => agent.agent.status().mode === 'master', 'master mode applied');
     await waitFor(() => (cloud.get(id, 'mode')?.acked ?? 0) >= master.time, 'mode acknowledged');
     const sleeps = agent.sink.events('mode.sleep').length;
@@ -204,21 +236,19 @@ describe('deadleaf mode', () => {
   });
 
   it('sleeps again after awakeMaxMs when a wake cannot reach the broker, and syncs on the next one', async () => {
-    // The wake's time budget is on the real clock; keep it short here.
-    await boot({ 'sync.awakeMaxMs': 3000 });
+    // A wake's time budget, short here; a wake that reaches the broker is done long before it.
+    await boot({ 'sync.awakeMaxMs': 5000 });
     await enterDeadleaf('60');
     const events = (name: string) => agent.sink.events(name);
     const temp = await client.set('d', 'temp', '7');
 
     brokerUp = false;
     await broker.stop();
-    const wakes = events('mode.wake').length;
     const sleeps = events('mode.sleep').length;
-    await advance(59_000);
-    expect(events('mode.wake').length).toBe(wakes);
-    await advanceUntil(() => events('mode.wake').length > wakes, 'the wake', { patienceMs: 20, maxMs: 2000 });
+    await untilWake(60_000);
     // No broker: the wake gives up once its budget is spent, and sleeps for another period.
-    await advanceUntil(() => events('mode.sleep').length > sleeps, 'sleep after a failed wake', { patienceMs: 20 });
+    await advanceUntil(() => events('mode.sleep').length > sleeps, 'sleep after a failed wake', { step: 100 });
+    sleptAt = fakeNow();
     expect(events('mode.sleep').at(-1)).toMatchObject({ forMs: 60_000, overdue: true, pending: { pushes: 1 } });
     expect(agent.agent.uplink.connected).toBe(false);
     expect(await state()).toBe('sleeping');
@@ -233,7 +263,8 @@ describe('deadleaf mode', () => {
     void tick.then(() => (ticked = true));
     await advanceUntil(() => ticked, 'the cloud reconnected', { step: 100, patienceMs: 20 });
     brokerUp = true;
-    await advanceUntil(() => hellos() >= 2, 'the next wake', { step: 1000, patienceMs: 100, maxMs: 70_000 });
+    await untilWake(60_000);
+    await waitFor(() => hellos() >= 2, 'the hello of the next wake');
     await waitFor(() => (cloud.get(id, 'temp')?.acked ?? 0) >= temp.time, 'temp in the cloud');
     await untilAsleep();
     expect(agent.sink.events('mode.sleep').at(-1)).toMatchObject({ overdue: false });
@@ -245,10 +276,9 @@ describe('deadleaf mode', () => {
     await enterDeadleaf('soon');
     expect(agent.sink.events('mode.deadleaf_invalid').at(-1)).toMatchObject({ value: 'soon', using: 300 });
     expect(agent.sink.events('mode.sleep').at(-1)).toMatchObject({ forMs: 300_000 });
-    await advance(299_000, 10_000);
+    await untilWake(300_000);
     expect(hellos()).toBe(1);
-    expect(await state()).toBe('sleeping');
-    await advanceUntil(() => hellos() === 2, 'the wake', { patienceMs: 100, maxMs: 2000 });
+    await waitFor(() => hellos() === 2, 'the hello of the wake');
     expect(cloud.device(id).state).toBe('online');
   });
 });

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type LocalClient, LocalClientError } from '../../agent/local/client.js';
 import type { VarJson } from '../../agent/local/messages.js';
-import { type BrokerKind, type TestBroker, startBroker } from '../support/brokers.js';
+import { type BrokerKind, type TestBroker, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
 import { type AgentProcess, type TestAgent, spawnAgent, startAgent, tempDir, waitForSocket } from '../support/agent.js';
 
@@ -249,7 +249,7 @@ describe('kill -9 of the agent during a burst of changes', () => {
   );
 });
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('%s restarted during a burst of changes', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('%s restarted during a burst of changes', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let agent: TestAgent;

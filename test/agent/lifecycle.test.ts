@@ -9,9 +9,17 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Identity } from '../../agent/identity.js';
-import { type TestBroker, type BrokerKind, startBroker } from '../support/brokers.js';
+import { type TestBroker, type BrokerKind, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
-import { type AgentProcess, type TestAgent, spawnAgent, startAgent, tempDir, waitForSocket } from '../support/agent.js';
+import {
+  type AgentProcess,
+  type TestAgent,
+  agentCli,
+  spawnAgent,
+  startAgent,
+  tempDir,
+  waitForSocket,
+} from '../support/agent.js';
 
 const dirs: string[] = [];
 function fresh(): string {
@@ -48,7 +56,7 @@ interface Running {
   id: string;
 }
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('the agent process with %s', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('the agent process with %s', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   const procs: AgentProcess[] = [];
@@ -229,9 +237,9 @@ describe('agent logs', () => {
     await c.set('d', 'before', '1');
     expect(debugLines()).toEqual([]);
 
-    const cli = spawnAgent(['log-level', 'debug', '--socket', running.socket]);
-    expect((await cli.exited).code).toBe(0);
-    expect(cli.output()).toContain('log level is now debug');
+    const cli = await agentCli(['log-level', 'debug', '--socket', running.socket]);
+    expect(cli.code).toBe(0);
+    expect(cli.stdout).toContain('log level is now debug');
     expect(running.sink.events('log.level_changed')).toMatchObject([{ level: 'debug' }]);
 
     await c.set('d', 'after', '2');

@@ -1,7 +1,7 @@
 /**
  * The local interface over its real Unix socket: permissions, the requests and their JSON results, errors with
  * their codes on a connection that stays open, oversized lines, watch events, a second agent on the same
- * socket, and the CLI as real processes.
+ * socket, and the CLI: in this process through its entry, and once as the real process.
  */
 import { spawn } from 'node:child_process';
 import { statSync } from 'node:fs';
@@ -13,7 +13,7 @@ import type { VarJson, WatchEvent } from '../../agent/local/messages.js';
 import { SocketInUseError } from '../../agent/local/server.js';
 import { type TestBroker, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
-import { ROOT, type TestAgent, startAgent, tempDir } from '../support/agent.js';
+import { AGENT_MAIN, type CliResult, ROOT, type TestAgent, agentCli, startAgent, tempDir } from '../support/agent.js';
 
 type Reply = { id: string | number | null; ok: boolean; result?: unknown; error?: { code: string; message: string } };
 
@@ -72,15 +72,11 @@ class RawConn {
   }
 }
 
-interface CliResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
+const cli = (args: string[]) => agentCli(args);
 
-/** Runs `devcloud-agent ARGS` from source as a real process, as an engineer would on the gateway. */
-function cli(args: string[]): Promise<CliResult> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'agent/main.ts'), ...args], {
+/** Runs the built `devcloud-agent ARGS` as a real process, as an engineer would on the gateway. */
+function cliProcess(args: string[]): Promise<Omit<CliResult, 'code'> & { code: number | null }> {
+  const proc = spawn(process.execPath, [AGENT_MAIN, ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH, HOME: process.env.HOME },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -345,10 +341,16 @@ describe('local interface on the Unix socket', () => {
 
     expect(await cli(['var', 'rm', 'greeting', ...s])).toMatchObject({ code: 0 });
     expect(agent.agent.vars.get('d', 'greeting')).toBeUndefined();
-    const missing = await cli(['var', 'get', 'greeting', ...s]);
-    expect(missing.code).toBe(1);
-    expect(missing.stderr).toContain('not-found');
-    expect(missing.stdout).toBe('');
+    // The process exits with the status and writes to the streams the entry gives it.
+    const [missing, missingProcess] = await Promise.all([
+      cli(['var', 'get', 'greeting', ...s]),
+      cliProcess(['var', 'get', 'greeting', ...s]),
+    ]);
+    for (const r of [missing, missingProcess]) {
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain('not-found');
+      expect(r.stdout).toBe('');
+    }
 
     const [noName, unknownSub, badName, badType, noAgent] = await independent;
     for (const r of [noName, unknownSub, badName, badType]) expect(r, r.stderr).toMatchObject({ code: 2 });

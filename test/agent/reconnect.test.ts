@@ -1,6 +1,7 @@
 /**
  * Reconnecting after a broker outage (docs/agent.md, reconnect backoff): the schedule under fake time, and a real
- * aedes broker stopped and started again on the same port while a device's uplink was connected and healthy.
+ * aedes broker stopped and started again on the same port while a device's uplink was connected and healthy (its
+ * timers fake, its sockets real).
  */
 import { randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it, vi } from 'vitest';
@@ -10,6 +11,9 @@ import { messageId } from '../../protocol/index.js';
 import { startAedes } from '../support/brokers.js';
 import { LogSink } from '../support/agent.js';
 import { until } from '../support/wait.js';
+
+/** Captured before any test fakes the timers. */
+const realSetTimeout = globalThis.setTimeout;
 
 const POLICY = { minMs: 1000, maxMs: 60_000, fastMaxMs: 5000, fastForMs: 120_000, healthyAfterMs: 60_000 };
 
@@ -88,11 +92,19 @@ describe('the reconnect schedule', () => {
 });
 
 describe('a broker outage', () => {
+  afterEach(() => vi.useRealTimers());
+
+  /** Captured before the timers are faked: waiting for real I/O. */
+  const realSleep = (ms: number) => new Promise<void>((r) => realSetTimeout(r, ms));
+
   it('a device whose connection was healthy is back within the fast cap of the broker', async () => {
     const broker = await startAedes();
     const deviceId = randomUUID();
     const sink = new LogSink();
     const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
+    const scheduled = () => sink.events('mqtt.reconnect_scheduled');
+    // The time of the uplink's timers: the fake clock once it is installed (after the first connection).
+    const now = () => vi.getMockedSystemTime()?.getTime() ?? Date.now();
     // The longest delay every time (random = 1): with the ordinary schedule from 200 ms, the attempts after the
     // outage fall at 0.2, 0.6, 1.4, 3.0, 6.2 and 12.6 s, so a broker back after 6.5 s would be found 6 s late.
     const uplink = new Uplink({
@@ -122,25 +134,43 @@ describe('a broker outage', () => {
       }),
       log,
       random: () => 1,
+      now,
     });
     try {
       uplink.start();
       await until(() => uplink.connected, 'the first connection');
-      await new Promise((r) => setTimeout(r, 400));
+      // From here the reconnect timers (and the connect timeouts) are fake; the sockets are real.
+      vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+      await vi.advanceTimersByTimeAsync(400);
       await broker.stop();
-      await until(() => !uplink.connected, 'the uplink to see the outage');
-      await new Promise((r) => setTimeout(r, 6500));
-      const scheduled = sink.events('mqtt.reconnect_scheduled');
-      expect(scheduled.length).toBeGreaterThanOrEqual(4);
-      expect(scheduled.every((e) => e.fast === true && (e.delayMs as number) <= 1000)).toBe(true);
-      const back = Date.now();
+      while (uplink.connected) await realSleep(5);
+
+      // The outage: each attempt is refused at once, and schedules the next. Fired one timer at a time, each
+      // attempt is given the real time it needs before the clock moves on.
+      const down = now();
+      while (now() - down < 6500) {
+        const before = scheduled().length;
+        await vi.advanceTimersToNextTimerAsync();
+        const patience = Date.now() + 5000;
+        while (scheduled().length === before && Date.now() < patience) await realSleep(2);
+      }
+      expect(scheduled().length).toBeGreaterThanOrEqual(4);
+      expect(scheduled().every((e) => e.fast === true && (e.delayMs as number) <= 1000)).toBe(true);
+
+      // The broker is back: the attempt already scheduled reaches it.
+      const back = now();
       await broker.start();
-      await until(() => uplink.connected, 'the reconnection', 10_000);
-      const took = Date.now() - back;
-      // Within the fast cap (1 s) plus the time a connection takes on a busy machine.
-      expect(took).toBeLessThan(3000);
+      while (!uplink.connected && now() - back <= 10_000) {
+        await vi.advanceTimersToNextTimerAsync();
+        const patience = Date.now() + 2000;
+        while (!uplink.connected && Date.now() < patience) await realSleep(2);
+      }
+      expect(uplink.connected).toBe(true);
+      // Within the fast cap, by the uplink's clock.
+      expect(now() - back).toBeLessThanOrEqual(1000);
       expect(uplink.connects).toBe(2);
     } finally {
+      vi.useRealTimers();
       await uplink.stop();
       await broker.close();
     }

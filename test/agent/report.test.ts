@@ -4,6 +4,7 @@
  * bridge, the figures stored as `meta` variables without history entries.
  */
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { monotonicMs } from '../../agent/clock.js';
 import { loadAgentConfig } from '../../agent/config.js';
 import { MetaReporter, type ReportFigures } from '../../agent/report.js';
 import { createLogger } from '../../lib/log.js';
@@ -102,9 +103,16 @@ describe('the report of a real agent', () => {
 
   it('reaches the bridge at connect and at each interval, stored without history', async () => {
     live = await startLiveBridge();
-    // A one-second interval on the real clock: the MQTT client's keepalive runs on intervals too, so a fake clock
-    // moved five minutes would drop the connection (the interval itself is tested on a fake clock above).
-    agent = await startAgent({ mqttUrl: live.mqttUrl, flags: { 'udp.enabled': false, 'report.intervalSec': 1 } });
+    // A one-second interval on fake intervals, and the agent's monotonic clock (its uptime) moved with them: the
+    // MQTT client's keepalive runs on intervals too, so a fake clock moved five minutes would drop the connection
+    // (the default interval is tested on a fake clock above).
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    let moved = 0;
+    agent = await startAgent({
+      mqttUrl: live.mqttUrl,
+      flags: { 'udp.enabled': false, 'report.intervalSec': 1 },
+      monotonic: () => monotonicMs() + moved,
+    });
     const id = agent.agent.identity.deviceId;
     const reports = () => agent!.sink.events('report.sent');
     await until(() => metaOf(id, 'rss'), 'the report at connect');
@@ -116,6 +124,8 @@ describe('the report of a real agent', () => {
     expect(first).toBeGreaterThanOrEqual(1);
 
     // One interval later, the next report; the bridge holds the figures of the last one.
+    moved += 1000;
+    await vi.advanceTimersByTimeAsync(1000);
     await until(() => (link.received['up/meta'] ?? 0) > received, 'the next report at the bridge');
     expect(reports().length).toBeGreaterThan(first);
     await until(() => {

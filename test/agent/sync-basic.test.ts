@@ -1,9 +1,9 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { type BrokerKind, type TestBroker, startBroker } from '../support/brokers.js';
+import { type BrokerKind, type TestBroker, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync basics through %s', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('variable sync basics through %s', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let agent: TestAgent;

@@ -8,7 +8,8 @@ import { randomUUID } from 'node:crypto';
 import mqtt, { type MqttClient } from 'mqtt';
 import { type AddressInfo, type Server, type Socket, connect, createServer } from 'node:net';
 import { join } from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { monotonicMs } from '../../agent/clock.js';
 import { runCli } from '../../agent/cli/index.js';
 import type { LocalClient } from '../../agent/local/client.js';
 import type { VarJson, WatchEvent } from '../../agent/local/messages.js';
@@ -25,7 +26,7 @@ import {
   parseTopic,
   topicFor,
 } from '../../protocol/index.js';
-import { type BrokerKind, type TestBroker, startBroker } from '../support/brokers.js';
+import { type BrokerKind, type TestBroker, brokerKinds, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
 import { type TestAgent, startAgent } from '../support/agent.js';
 
@@ -175,7 +176,7 @@ class Gate {
 
 const acked = (r: { time: number; acked: number } | undefined) => r !== undefined && r.acked >= r.time;
 
-describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (kind) => {
+describe.each<BrokerKind>(brokerKinds())('variable sync through %s', (kind) => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let tap: Tap;
@@ -190,6 +191,7 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
   });
 
   afterEach(async () => {
+    vi.useRealTimers();
     for (const c of clients.splice(0)) c.close();
     await ta?.stop();
     ta = undefined;
@@ -213,8 +215,8 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
   }
 
   /** Starts the agent, waits for its uplink, and follows its changes and stamps on the local socket. */
-  async function boot(flags: Record<string, unknown> = {}, mqttUrl = broker.url) {
-    const agent = await startAgent({ mqttUrl, flags });
+  async function boot(flags: Record<string, unknown> = {}, mqttUrl = broker.url, monotonic?: () => number) {
+    const agent = await startAgent({ mqttUrl, flags, ...(monotonic ? { monotonic } : {}) });
     ta = agent;
     const id = agent.agent.identity.deviceId;
     // After the hello the cloud's catch-up is done, so it sends nothing the test did not ask for.
@@ -755,9 +757,21 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
   });
 
   it('re-sends an unacknowledged change while connected until the cloud acknowledges it', async () => {
-    const { ta, c, id } = await boot({ 'sync.retryMs': 1000 });
+    // The retry runs on an interval and judges by the monotonic clock: both are the test's. The agent's clock and
+    // the cloud's move on together, so that the cloud's clock on what it sends stays the agent's.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    let elapsed = 0;
+    cloud.now = () => Date.now() + elapsed;
+    const { ta, c, id } = await boot({ 'sync.retryMs': 1000 }, broker.url, () => monotonicMs() + elapsed);
+    /** A retry period passes: the interval checks, and everything sent before is due again. */
+    const retryPeriod = async () => {
+      elapsed += 1000;
+      await vi.advanceTimersByTimeAsync(1000);
+    };
     cloud.autoAck = false;
     const set = await c.set('d', 'retry', '1');
+    await cloud.until(() => tap.pushes('retry', set.time).length === 1, 'the change is sent');
+    await retryPeriod();
     await cloud.until(() => tap.pushes('retry', set.time).length >= 2, 'the change is sent again');
 
     const local = await c.get('d', 'retry');
@@ -768,6 +782,7 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
     expect(ta.agent.vars.pending().pushes).toBe(1);
 
     cloud.autoAck = true;
+    await retryPeriod();
     await cloud.until(() => acked(ta.agent.vars.get('d', 'retry')), 'acked after a re-send');
     const done = await c.get('d', 'retry');
     expect(done).toMatchObject({ value: '1', time: set.time, origin: 'device' });
@@ -778,13 +793,14 @@ describe.each<BrokerKind>(['aedes', 'mosquitto'])('variable sync through %s', (k
     // A sync waits for its own acknowledgement the same way.
     cloud.autoAck = false;
     const sync = await c.sync('d', 'retry');
-    await cloud.until(
-      () => tap.syncs('retry').filter((i) => i.synced === sync.synced).length >= 2,
-      'the sync is sent again',
-    );
+    const syncsSent = () => tap.syncs('retry').filter((i) => i.synced === sync.synced).length;
+    await cloud.until(() => syncsSent() === 1, 'the sync is sent');
+    await retryPeriod();
+    await cloud.until(() => syncsSent() >= 2, 'the sync is sent again');
     expect((await c.get('d', 'retry')).syncacked).toBeLessThan(sync.synced);
     expect(ta.agent.vars.pending()).toEqual({ pushes: 0, syncs: 1 });
     cloud.autoAck = true;
+    await retryPeriod();
     await cloud.until(() => ta.agent.vars.get('d', 'retry')!.syncacked >= sync.synced, 'sync acked after a re-send');
     expect(ta.agent.vars.pending()).toEqual({ pushes: 0, syncs: 0 });
   });

@@ -13,6 +13,7 @@ import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/br
 import { type TestBroker, startMosquitto } from '../support/brokers.js';
 import { type RawClient, publishPacket, rawConnect } from '../support/raw-mqtt.js';
 import { helloMessage } from '../support/mqtt-device.js';
+import { requires } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 const FLOOD = 3000;
@@ -75,7 +76,8 @@ describe('a hello flood from one device', () => {
     expect((await http.get('/0/user/')).status).toBe(200);
   });
 
-  it('through Mosquitto: the bridge drops the excess and ignores the device for the penalty, REST answers', async () => {
+  it('through Mosquitto: the bridge drops the excess and ignores the device for the penalty, REST answers', async (ctx) => {
+    requires(ctx, 'mosquitto');
     const broker: TestBroker = await startMosquitto();
     cleanups.push(() => broker.close());
     const live = await startLiveBridge({
@@ -104,7 +106,8 @@ describe('a hello flood from one device', () => {
     expect((await http.get('/0/user/')).status).toBe(200);
   });
 
-  it('through Mosquitto: the bridge reads a burst a read at a time, with the event loop free between reads', async () => {
+  it('through Mosquitto: the bridge reads a burst a read at a time, with the event loop free between reads', async (ctx) => {
+    requires(ctx, 'mosquitto');
     const broker: TestBroker = await startMosquitto();
     cleanups.push(() => broker.close());
     // Limits that let the whole burst through to the decoder, where each message is dropped as invalid.

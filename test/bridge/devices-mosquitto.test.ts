@@ -14,6 +14,7 @@ import { encode, topicFor } from '../../protocol/index.js';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type SecureMosquitto, endClient, startSecureMosquitto, upVars } from '../support/brokers.js';
+import { missing } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 function udpSend(port: number, payload: string): Promise<void> {
@@ -74,7 +75,9 @@ function rawClient(url: string, options: IClientOptions): Promise<MqttClient> {
   });
 }
 
-describe('devices through a private Mosquitto with per-device credentials', () => {
+const noMosquitto = missing('mosquitto', 'mosquitto_passwd');
+
+describe.skipIf(noMosquitto)('devices through a private Mosquitto with per-device credentials', () => {
   const cleanups: Array<() => Promise<void>> = [];
   afterEach(async () => {
     for (const c of cleanups.splice(0).reverse()) await c();

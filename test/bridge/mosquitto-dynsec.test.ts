@@ -19,6 +19,7 @@ import { encode, messageId, topicFor } from '../../protocol/index.js';
 import { ROOT, type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { canConnect, endClient, freePort, upVars } from '../support/brokers.js';
+import { missing, which } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 const BRIDGE_USER = 'devcloud-bridge';
@@ -129,7 +130,7 @@ async function startProductionMosquitto(): Promise<Broker> {
   // certificates and write the plugin's file and its persistence.
   if (process.getuid?.() === 0) execFileSync('chown', ['-R', 'mosquitto:', dir]);
   else chmodSync(dir, 0o755);
-  const proc: ChildProcess = spawn('mosquitto', ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const proc: ChildProcess = spawn(which('mosquitto')!, ['-c', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   proc.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
   await until(async () => {
@@ -173,7 +174,9 @@ interface Provisioned {
   authcode: string;
 }
 
-describe('Mosquitto with TLS and dynamic security, managed by the bridge', () => {
+const noMosquitto = missing('mosquitto', 'mosquitto_ctrl', 'openssl', 'dpkg');
+
+describe.skipIf(noMosquitto)('Mosquitto with TLS and dynamic security, managed by the bridge', () => {
   let broker: Broker;
   let bridge: LiveBridge;
   let provisionDir: string;

@@ -20,6 +20,7 @@ import { type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
 import { type TestBroker, freePort, startMosquitto } from '../support/brokers.js';
 import { type RawClient, publishHeader, publishPacket, rawConnect, rssOf } from '../support/raw-mqtt.js';
+import { requires } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 const MIB = 1024 * 1024;
@@ -138,7 +139,8 @@ describe('packet size cap', () => {
     expect(health.status).toBe(200);
   });
 
-  it('a device streaming 200 MiB to Mosquitto run with the shipped limit is disconnected and Mosquitto stays flat', async () => {
+  it('a device streaming 200 MiB to Mosquitto run with the shipped limit is disconnected and Mosquitto stays flat', async (ctx) => {
+    requires(ctx, 'mosquitto');
     const broker: TestBroker = await startMosquitto([`max_packet_size ${shippedMaxPacketSize()}`]);
     cleanups.push(() => broker.close());
     const deviceId = randomUUID();

@@ -5,16 +5,14 @@
  * - the bridge killed while a command runs, and right after it answered a POST: on the device's next hello the
  *   bridge hands its open commands over again, and the agent answers the repeat without running it again.
  */
-import { execFile } from 'node:child_process';
 import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { QueueJson } from '../../agent/local/messages.js';
 import {
   type AgentProcess,
-  ROOT,
   type TestAgent,
+  agentCli,
   spawnAgent,
   startAgent,
   tempDir,
@@ -23,9 +21,8 @@ import {
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { type BridgeProcess, spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
+import { missing } from '../support/system.js';
 import { type Cmd, FINAL_STATES, newIdentity, runsIn, until, writeHandlers } from './support.js';
-
-const run = promisify(execFile);
 
 async function signupAndClaim(http: HttpClient, authcode: string, deviceId: string): Promise<void> {
   const signup = await http.post('/0/session/signup', {
@@ -174,12 +171,9 @@ describe('commands across crashes', () => {
     expect(runsIn(work)).toEqual(['first', 'b', 'c', 'a', 'd']);
 
     // What the gateway's engineer sees: nothing left to run; the history with the interrupted one.
-    const { stdout } = await run(
-      process.execPath,
-      ['--import', 'tsx', join(ROOT, 'agent/main.ts'), 'queue', '--json', '--socket', second.socket],
-      { cwd: ROOT, env: { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: work } },
-    );
-    const q = JSON.parse(stdout) as QueueJson;
+    const shown = await agentCli(['queue', '--json', '--socket', second.socket], { CONFIGURATION_DIRECTORY: work });
+    expect(shown.code, shown.stderr).toBe(0);
+    const q = JSON.parse(shown.stdout) as QueueJson;
     expect([q.running, q.queued]).toEqual([[], []]);
     expect(q.recent.map((c) => [c.command, c.state])).toEqual([
       ['rec d', 'done'],
@@ -207,10 +201,7 @@ describe('commands across crashes', () => {
    * process group that survived. Either way the handler's file never appears and the command is reported
    * interrupted.
    */
-  it.each([
-    ['setpriv on PATH: killed with the agent', process.env.PATH ?? '/usr/bin:/bin', true],
-    ['no setpriv: killed when the agent starts again', '/nonexistent', false],
-  ])('kill -9 of the agent, %s', async (_what, agentPath, pdeathsig) => {
+  const killedWithTheAgent = async (agentPath: string, pdeathsig: boolean) => {
     const { work, deviceId, http, spawn, first } = await claimedAgentProcess('info', { PATH: agentPath });
 
     // Far longer than a restart of the agent takes, even on a busy machine: the handler is ended long before its
@@ -248,7 +239,12 @@ describe('commands across crashes', () => {
     // The handler and its child are gone, so nothing is left that could write its file: there is none.
     expect(existsSync(join(work, 'slow.out'))).toBe(false);
     expect(second.output()).toMatch(/"event":"cmd\.interrupted"/);
-  });
+  };
+  it.skipIf(missing('setpriv'))('kill -9 of the agent, setpriv on PATH: killed with the agent', () =>
+    killedWithTheAgent(process.env.PATH ?? '/usr/bin:/bin', true),
+  );
+  it('kill -9 of the agent, no setpriv: killed when the agent starts again', () =>
+    killedWithTheAgent('/nonexistent', false));
 
   it('kill -9 of the bridge: commands handed over again on hello run once', async () => {
     const dataDir = tempDir('devcloud-bridge-');

@@ -6,9 +6,10 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { missing } from '../support/system.js';
 import { type Rig, startRig, until } from './support.js';
 
-describe('commands through a private Mosquitto', () => {
+describe.skipIf(missing('mosquitto', 'mosquitto_passwd'))('commands through a private Mosquitto', () => {
   let rig: Rig | undefined;
   afterEach(async () => {
     await rig?.close();

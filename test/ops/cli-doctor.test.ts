@@ -15,6 +15,7 @@ import { startAgent, tempDir } from '../support/agent.js';
 import { selfSignedCert } from '../support/bridge.js';
 import { type TestBroker, freePort, startAedes, startSecureMosquitto } from '../support/brokers.js';
 import { makeKeys } from '../support/firmware.js';
+import { requires } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 const etc = tempDir('devcloud-etc-');
@@ -166,7 +167,8 @@ describe('doctor on a broken setup', () => {
     ]);
   });
 
-  it('wrong credentials are refused; the right ones pass (private Mosquitto with a password file)', async () => {
+  it('wrong credentials are refused; the right ones pass (private Mosquitto with a password file)', async (ctx) => {
+    requires(ctx, 'mosquitto', 'mosquitto_passwd');
     const id = newIdentity();
     const mosq = await startSecureMosquitto({
       devices: [{ id: id.deviceId, secret: id.secret }],
@@ -196,7 +198,8 @@ describe('doctor on a broken setup', () => {
     }
   });
 
-  it('TLS the agent does not trust fails as TLS; with the CA it passes', async () => {
+  it('TLS the agent does not trust fails as TLS; with the CA it passes', async (ctx) => {
+    requires(ctx, 'openssl');
     const certs = dir();
     const { certFile, keyFile } = selfSignedCert(certs);
     const broker = await Aedes.createBroker();

@@ -11,7 +11,7 @@ import { Readable } from 'node:stream';
 import { afterAll, describe, expect, it } from 'vitest';
 import { runCli } from '../../agent/cli/index.js';
 import { logsCommand } from '../../agent/cli/logs.js';
-import { ROOT, tempDir } from '../support/agent.js';
+import { AGENT_MAIN, ROOT, tempDir } from '../support/agent.js';
 
 const dir = tempDir('devcloud-logs-');
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -180,19 +180,7 @@ describe('devcloud-agent logs', () => {
     chmodSync(fake, 0o755);
     const run = spawnSync(
       process.execPath,
-      [
-        '--import',
-        'tsx',
-        join(ROOT, 'agent/main.ts'),
-        'logs',
-        '--no-follow',
-        '--since',
-        '1 hour ago',
-        '-n',
-        '50',
-        '--event',
-        'fw.',
-      ],
+      [AGENT_MAIN, 'logs', '--no-follow', '--since', '1 hour ago', '-n', '50', '--event', 'fw.'],
       { cwd: ROOT, env: { PATH: `${bin}:${process.env.PATH}`, HOME: process.env.HOME }, encoding: 'utf8' },
     );
     expect(run.status, run.stderr).toBe(0);

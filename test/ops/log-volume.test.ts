@@ -21,6 +21,7 @@ import {
 } from '../support/agent.js';
 import { type TestBroker, startBroker } from '../support/brokers.js';
 import { FakeCloud } from '../support/fake-cloud.js';
+import { missing } from '../support/system.js';
 import { until } from '../support/wait.js';
 
 /** Captured before timers are faked: waiting on the real clock. */
@@ -33,7 +34,7 @@ const PINO_PRETTY = join(ROOT, 'node_modules/pino-pretty/bin.js');
 const pinoPretty = (args: string[], input: string) =>
   execFileSync(process.execPath, [PINO_PRETTY, ...args], { input, encoding: 'utf8', env: { PATH: process.env.PATH } });
 
-describe('the agent log of an idle gateway', () => {
+describe.skipIf(missing('mosquitto'))('the agent log of an idle gateway', () => {
   let broker: TestBroker;
   let cloud: FakeCloud;
   let agent: TestAgent | undefined;

@@ -1,6 +1,7 @@
 /**
  * Agents for tests: in-process (for fake timers and direct inspection) or as a real child process (for
- * `kill -9`). Both use a fresh state directory and a free UDP port unless told otherwise.
+ * `kill -9`). Both use a fresh state directory and a free UDP port unless told otherwise. The CLI runs in-process
+ * too where the process boundary is not what a test is about.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
@@ -8,11 +9,17 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Writable } from 'node:stream';
 import { Agent } from '../../agent/agent.js';
+import { runCli } from '../../agent/cli/index.js';
 import { type AgentConfig, loadAgentConfig } from '../../agent/config.js';
 import { LocalClient } from '../../agent/local/client.js';
 import { createLogger, type Logger } from '../../lib/log.js';
 
 export const ROOT = resolve(import.meta.dirname, '../..');
+/**
+ * The built `devcloud-agent`, as the installed service runs it; the global setup (test/support/dist.ts) has made
+ * sure that it is current.
+ */
+export const AGENT_MAIN = join(ROOT, 'dist/agent/main.js');
 
 export function tempDir(prefix = 'devcloud-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
@@ -44,6 +51,8 @@ export interface TestAgentOptions {
   level?: 'info' | 'debug' | 'warn';
   /** Called once the agent has stopped for its own restart (firmware `restart: agent`), instead of exiting. */
   onRestart?: () => void;
+  /** The agent's monotonic clock (intervals, and its time once it knows the cloud's); the real one by default. */
+  monotonic?: () => number;
 }
 
 export interface TestAgent {
@@ -83,7 +92,13 @@ export async function startAgent(opts: TestAgentOptions): Promise<TestAgent> {
     base: { service: 'devcloud-agent' },
     destination: sink,
   });
-  const agent = await Agent.start({ config, log, env: {}, ...(opts.onRestart ? { onRestart: opts.onRestart } : {}) });
+  const agent = await Agent.start({
+    config,
+    log,
+    env: {},
+    ...(opts.onRestart ? { onRestart: opts.onRestart } : {}),
+    ...(opts.monotonic ? { monotonic: opts.monotonic } : {}),
+  });
   const socket = join(stateDir, 'agent.sock');
   return {
     agent,
@@ -106,11 +121,11 @@ export interface AgentProcess {
   kill9(): Promise<void>;
 }
 
-/** Runs `devcloud-agent` from source as a real process, as systemd would run the built one. */
+/** Runs the built `devcloud-agent` as a real process, as systemd runs it. */
 export function spawnAgent(args: string[], env: NodeJS.ProcessEnv = {}): AgentProcess {
   const stateDirIdx = args.indexOf('--state-dir');
   const stateDir = stateDirIdx >= 0 ? args[stateDirIdx + 1]! : '';
-  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'agent/main.ts'), ...args], {
+  const proc = spawn(process.execPath, [AGENT_MAIN, ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -145,4 +160,24 @@ export async function waitForSocket(path: string, timeoutMs = 20_000): Promise<L
       await new Promise((r) => setTimeout(r, 50));
     }
   }
+}
+
+export interface CliResult {
+  code: number;
+  /** What the command printed, each line ended by a newline as on a terminal. */
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * `devcloud-agent ARGS` in this process, through the CLI's own entry (`runCli`, which agent/main.ts calls with
+ * the process's argv and exits with its result). The environment is the one a shell gives a spawned CLI (PATH and
+ * HOME) plus `env`, never the test's own.
+ */
+export async function agentCli(args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult> {
+  let stdout = '';
+  let stderr = '';
+  const io = { out: (s: string) => (stdout += `${s}\n`), err: (s: string) => (stderr += `${s}\n`) };
+  const code = await runCli(args, io, { PATH: process.env.PATH, HOME: process.env.HOME, ...env });
+  return { code, stdout, stderr };
 }

@@ -1,5 +1,6 @@
 /**
- * The bridge as a real process (`devcloud-bridge run` from source), for tests that kill it with SIGKILL. Its
+ * The bridge as a real process (the built `devcloud-bridge run`, as the installed service runs it; the global setup,
+ * test/support/dist.ts, has made sure that `dist/` is current), for tests that kill it with SIGKILL. Its
  * settings come from a config file written next to its data (scrypt at its cheapest, generous rate limits), and
  * nothing from the caller's environment or the machine's /etc/devcloud reaches it.
  */
@@ -82,7 +83,7 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
     '--log-pretty',
     'never',
   ];
-  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bridge/main.ts'), ...args], {
+  const proc = spawn(process.execPath, [join(ROOT, 'dist/bridge/main.js'), ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: opts.dataDir },
     stdio: ['ignore', 'pipe', 'pipe'],

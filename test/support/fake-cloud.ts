@@ -1,6 +1,6 @@
 /**
  * A fake cloud for agent tests: a real MQTT client on the test's broker that speaks `protocol/` the way the
- * bridge does (DESIGN sections 3 and 4), keeping the same four stamps on its side. It records every version it
+ * bridge does (docs/sync.md, docs/protocol.md), keeping the same four stamps on its side. It records every version it
  * applies, so that tests can check that each change arrives exactly once.
  */
 import mqtt, { type MqttClient } from 'mqtt';
@@ -65,6 +65,11 @@ export class FakeCloud {
   autoAck = true;
   /** When false, nothing is sent on hello (to test what the agent does alone). */
   catchUpOnHello = true;
+  /**
+   * The cloud's clock, for every stamp and every clock the cloud sends: the real one, unless a test that moves an
+   * agent's clock forward (its `monotonic`) moves the cloud's by as much, so that both go on agreeing.
+   */
+  now: () => number = () => Date.now();
 
   static async start(url: string): Promise<FakeCloud> {
     const cloud = new FakeCloud();
@@ -102,7 +107,7 @@ export class FakeCloud {
   }
 
   /** A change made through the API: a new cloud version of a `d` variable, pushed to the device. */
-  set(deviceId: string, name: string, value: string | Buffer | null, now = Date.now()): CloudRecord {
+  set(deviceId: string, name: string, value: string | Buffer | null, now = this.now()): CloudRecord {
     const dev = this.device(deviceId);
     const cur = dev.vars.get(`d/${name}`);
     const rec: CloudRecord = {
@@ -122,7 +127,7 @@ export class FakeCloud {
   }
 
   /** A `POST` of a `d` variable with no value: re-send the current version. */
-  sync(deviceId: string, name: string, now = Date.now()): CloudRecord {
+  sync(deviceId: string, name: string, now = this.now()): CloudRecord {
     const rec = this.get(deviceId, name);
     if (!rec) throw new Error(`no d/${name} for ${deviceId}`);
     rec.synced = Math.max(now, rec.synced + 1);
@@ -138,7 +143,7 @@ export class FakeCloud {
   /** Like the bridge, puts its clock on what it sends to an agent whose hello says `clock`. */
   publish<K extends DownTopic>(deviceId: string, name: K, payload: Payloads[K]): void {
     const clock = this.device(deviceId).hellos.at(-1)?.clock === true;
-    const body = clock ? { ...payload, now: Date.now() } : payload;
+    const body = clock ? { ...payload, now: this.now() } : payload;
     this.client.publish(topicFor(deviceId, name), encode(name, body), { qos: 1 });
   }
 
@@ -201,7 +206,7 @@ export class FakeCloud {
         if (this.catchUpOnHello) {
           // The bridge answers a hello with its clock.
           if (msg.payload.clock === true)
-            this.publish(id, 'down/vars', { id: messageId(), items: [], now: Date.now() });
+            this.publish(id, 'down/vars', { id: messageId(), items: [], now: this.now() });
           this.catchUp(id);
         }
         return;
@@ -210,7 +215,7 @@ export class FakeCloud {
         return;
       case 'up/vars': {
         const acks: AckItem[] = [];
-        const now = Date.now();
+        const now = this.now();
         for (const item of msg.payload.items) {
           const key = `${item.type}/${item.name}`;
           const cur = dev.vars.get(key);
@@ -238,7 +243,7 @@ export class FakeCloud {
         return;
       }
       case 'up/acks': {
-        const now = Date.now();
+        const now = this.now();
         for (const ack of msg.payload.acks) {
           const rec = dev.vars.get(`${ack.type}/${ack.name}`);
           if (!rec) continue;

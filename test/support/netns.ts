@@ -4,9 +4,10 @@
  * address (or on a wildcard one) sees the namespace's requests come from the peer address, which is not a
  * loopback one. Needs `ip` (iproute2) and root (CAP_NET_ADMIN); no traffic leaves the machine.
  */
-import { execFile, spawnSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { randomBytes, randomInt } from 'node:crypto';
 import { promisify } from 'node:util';
+import { lacking, which } from './system.js';
 
 const run = promisify(execFile);
 
@@ -25,15 +26,16 @@ export interface Netns {
 
 /** Why a namespace cannot be made here (what is missing), or undefined when it can be tried. */
 export function netnsUnavailable(): string | undefined {
-  const v = spawnSync('ip', ['-V'], { stdio: 'ignore' });
-  if (v.error) return 'the `ip` program (apt-get install iproute2)';
-  if (process.getuid?.() !== 0) return 'root (CAP_NET_ADMIN) to make a network namespace';
-  return undefined;
+  const lack = lacking('ip', 'root');
+  return lack === undefined ? undefined : `${lack} (CAP_NET_ADMIN) to make a network namespace`;
 }
+
+/** `ip`, found where Debian puts it even when PATH lacks the sbin folders. */
+const IP = () => which('ip') ?? 'ip';
 
 /** A /30 of 169.254.0.0/16 on which this machine has no address yet: [host side, namespace side]. */
 async function freeLinkLocalPair(): Promise<[string, string]> {
-  const { stdout } = await run('ip', ['-4', '-o', 'addr', 'show']);
+  const { stdout } = await run(IP(), ['-4', '-o', 'addr', 'show']);
   const taken = new Set([...stdout.matchAll(/inet (169\.254\.\d+\.\d+)/g)].map((m) => m[1]!));
   for (let i = 0; i < 100; i++) {
     // Not 169.254.169.0/24, where clouds put their metadata service, nor the reserved first and last /24.
@@ -77,12 +79,12 @@ export async function makeNetns(): Promise<Netns> {
     closed = true;
     // Removing the namespace removes the peer, and with it the pair; the host side goes too should the pair
     // not have been moved yet.
-    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
-    await run('ip', ['netns', 'del', name]).catch(() => undefined);
+    await run(IP(), ['link', 'del', hostIf]).catch(() => undefined);
+    await run(IP(), ['netns', 'del', name]).catch(() => undefined);
   };
   const ip = async (...args: string[]) => {
     try {
-      await run('ip', args);
+      await run(IP(), args);
     } catch (e) {
       throw new Error(`ip ${args.join(' ')}: ${(e as { stderr?: string }).stderr?.trim() || String(e)}`);
     }
@@ -94,16 +96,16 @@ export async function makeNetns(): Promise<Netns> {
     await ip('link', 'set', peerIf, 'netns', name);
     await ip('addr', 'add', `${hostAddress}/30`, 'dev', hostIf);
     await ip('link', 'set', hostIf, 'up');
-    await ip('netns', 'exec', name, 'ip', 'addr', 'add', `${clientAddress}/30`, 'dev', peerIf);
-    await ip('netns', 'exec', name, 'ip', 'link', 'set', peerIf, 'up');
-    await ip('netns', 'exec', name, 'ip', 'link', 'set', 'lo', 'up');
+    await ip('netns', 'exec', name, IP(), 'addr', 'add', `${clientAddress}/30`, 'dev', peerIf);
+    await ip('netns', 'exec', name, IP(), 'link', 'set', peerIf, 'up');
+    await ip('netns', 'exec', name, IP(), 'link', 'set', 'lo', 'up');
     return {
       name,
       hostAddress,
       clientAddress,
       async get(url, headers = {}) {
         // Asynchronous: the server answering may be in this very process.
-        const { stdout } = await run('ip', ['netns', 'exec', name, process.execPath, '-e', CLIENT, url], {
+        const { stdout } = await run(IP(), ['netns', 'exec', name, process.execPath, '-e', CLIENT, url], {
           env: { ...process.env, DC_HEADERS: JSON.stringify(headers) },
           timeout: 20_000,
         });
