@@ -123,7 +123,7 @@ export const AgentConfigSchema = z
       .prefault({}),
     commands: z
       .object({
-        /** Executable command handlers, one file per handler name (DESIGN section 6). None: built-ins only. */
+        /** Executable command handlers, one file per handler name (docs/decisions.md §6). None: built-ins only. */
         dir: z.string().min(1).optional(),
         /** Commands run at once. */
         concurrency: z.number().int().min(1).max(64).default(1),

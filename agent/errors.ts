@@ -1,5 +1,5 @@
 /**
- * The agent's error catalog (STYLE principle 5): every failure the local interface reports has one of these
+ * The agent's error catalog (docs/decisions.md, principle 5): every failure the local interface reports has one of these
  * codes, and clients branch on the code, never on the message.
  */
 export const AGENT_ERROR_CODES = {

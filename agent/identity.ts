@@ -1,5 +1,5 @@
 /**
- * The device's identity (DESIGN section 5): uuid, secret (its broker password) and auth code (its claim
+ * The device's identity (docs/decisions.md §5): uuid, secret (its broker password) and auth code (its claim
  * token). Taken from a provisioning file at first start, or made here when there is none (open enrolment);
  * kept in `<stateDir>/identity.json`, mode 0600, written atomically.
  */

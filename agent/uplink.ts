@@ -1,5 +1,5 @@
 /**
- * The agent's MQTT uplink (DESIGN section 4): one persistent connection with exponential backoff and full
+ * The agent's MQTT uplink (docs/decisions.md §4): one persistent connection with exponential backoff and full
  * jitter (kept short for a while after a healthy connection is lost: docs/agent.md, reconnect backoff), a retained
  * `state` with a last will, `up/hello` on every connect, and validated `down/` messages.
  *
@@ -294,7 +294,7 @@ export class Uplink extends EventEmitter<UplinkEvents> {
           client.end(true);
           return;
         }
-        // `state` is the one topic at QoS 0 (DESIGN section 4): it is retained, and only its latest value matters.
+        // `state` is the one topic at QoS 0 (docs/decisions.md §4): it is retained, and only its latest value matters.
         client.publish(topicFor(this.opts.deviceId, 'state'), encode('state', 'online'), { qos: 0, retain: true });
         client.publish(topicFor(this.opts.deviceId, 'up/hello'), encode('up/hello', this.opts.hello()), { qos: 1 });
         wasUp = true;

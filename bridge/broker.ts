@@ -1,6 +1,6 @@
 /**
- * The bridge's embedded MQTT broker (aedes), used when no external broker is configured (DESIGN sections 4
- * and 5). Its hooks do what per-device credentials and ACLs do on Mosquitto in production:
+ * The bridge's embedded MQTT broker (aedes), used when no external broker is configured (docs/decisions.md §4
+ * and §5). Its hooks do what per-device credentials and ACLs do on Mosquitto in production:
  *
  * - authenticate: a device logs in with its uuid as username and its secret as password. A known device must
  *   present its secret. An unknown one is refused unless open enrolment is on: then, with an enrolment

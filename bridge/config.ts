@@ -219,7 +219,7 @@ export const BridgeConfigSchema = z
       .prefault({}),
     accounts: z
       .object({
-        /** scrypt cost: N = 2^logN (DESIGN section 9: 17). Lower only for tests. */
+        /** scrypt cost: N = 2^logN (docs/decisions.md §9: 17). Lower only for tests. */
         scryptLogN: z.number().int().min(10).max(22).default(17),
         scryptR: z.number().int().min(1).max(32).default(8),
         scryptP: z.number().int().min(1).max(16).default(1),

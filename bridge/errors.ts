@@ -1,7 +1,7 @@
 /**
- * The bridge's error catalog (STYLE principle 5): every failure a route can answer is one code here, mapped
- * once to its HTTP status and its plain-text body token (the specification's Errors table and DESIGN
- * section 2). Routes throw or return codes; nothing is classified by message text.
+ * The bridge's error catalog (docs/decisions.md, principle 5): every failure a route can answer is one code here, mapped
+ * once to its HTTP status and its plain-text body token (the specification's Errors table and docs/decisions.md
+ * §2). Routes throw or return codes; nothing is classified by message text.
  */
 export const ERRORS = {
   'login-fail': { status: 403, body: 'login-fail' },
@@ -27,7 +27,7 @@ export const ERRORS = {
   'claim-fail': { status: 400, body: 'claim-fail' },
   /** The specification: no firmware image of that name (also a name that cannot be one). */
   'device-fwup-name-fail': { status: 400, body: 'device-fwup-name-fail' },
-  /** DESIGN section 7: the device is not connected in `d` mode and `meta` state, its platform is not in the
+  /** docs/decisions.md §7: the device is not connected in `d` mode and `meta` state, its platform is not in the
    * image's `from`, or an update is already running. */
   'device-fwup-start-fail': { status: 400, body: 'device-fwup-start-fail' },
   /** Nothing to cancel, or the update is past the switch (decision 7). */

@@ -1,5 +1,5 @@
 /**
- * Configuration loading shared by the agent and the bridge (STYLE principle 4).
+ * Configuration loading shared by the agent and the bridge (docs/decisions.md, principle 4).
  *
  * A config is one zod schema. Values come from a file (YAML or JSON), then `DEVCLOUD_*` environment
  * variables, then command-line flags; later sources win. Every error is reported at once with the key that is

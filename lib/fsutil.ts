@@ -1,4 +1,4 @@
-/** File helpers with the durability rules of DESIGN section 8. */
+/** File helpers with the durability rules of docs/decisions.md §8. */
 import { closeSync, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { dirname, join, basename } from 'node:path';

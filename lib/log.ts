@@ -1,5 +1,5 @@
 /**
- * Logging for field engineers (STYLE principle 10): pino JSON lines on stdout for journald, one `event` name
+ * Logging for field engineers (docs/decisions.md, principle 10): pino JSON lines on stdout for journald, one `event` name
  * on every line, secrets redacted. Human-readable when stdout is a terminal.
  */
 import { createRequire } from 'node:module';

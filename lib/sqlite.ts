@@ -1,5 +1,5 @@
 /**
- * SQLite with the durability rules of DESIGN section 8: WAL, `synchronous=FULL`, versioned migrations, and
+ * SQLite with the durability rules of docs/decisions.md §8: WAL, `synchronous=FULL`, versioned migrations, and
  * group commit so that durability does not cost throughput.
  */
 import Database from 'better-sqlite3';

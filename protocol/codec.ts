@@ -1,6 +1,6 @@
 /**
  * Encoding and decoding of payloads. Decoding never throws: a payload that is not what its topic carries
- * comes back as a reason, which the receiver logs once and counts (DESIGN section 4).
+ * comes back as a reason, which the receiver logs once and counts (docs/decisions.md §4).
  */
 import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
@@ -137,7 +137,7 @@ export function ackFor(item: VarItem): AckItem {
   return ack;
 }
 
-/** The version of a value: `(time, origin)` for a given variable (DESIGN section 3). */
+/** The version of a value: `(time, origin)` for a given variable (docs/decisions.md §3). */
 export interface Version {
   time: number;
   origin: 'device' | 'cloud';
@@ -150,7 +150,7 @@ export interface Version {
  */
 export const CLOCK_TOLERANCE_MS = 60_000;
 
-/** Orders versions: later `time` wins, and on a tie the cloud wins (DESIGN section 3). Both sides use it. */
+/** Orders versions: later `time` wins, and on a tie the cloud wins (docs/decisions.md §3). Both sides use it. */
 export function compareVersions(a: Version, b: Version): number {
   if (a.time !== b.time) return a.time < b.time ? -1 : 1;
   if (a.origin === b.origin) return 0;

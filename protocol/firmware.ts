@@ -1,5 +1,5 @@
 /**
- * What a firmware signature covers (DESIGN section 7), shared by the bridge that signs and the agent that
+ * What a firmware signature covers (docs/decisions.md §7), shared by the bridge that signs and the agent that
  * verifies. Ed25519 signs a short statement, not the image itself: the image is checked against the sha256 the
  * statement names, so neither side ever holds an image in memory, and the statement binds the image to its name,
  * platform, version and size, so that a signed image cannot be passed off under other metadata.

@@ -1,5 +1,5 @@
 /**
- * Payload schemas of the devcloud wire contract (DESIGN sections 3 and 4), one per topic.
+ * Payload schemas of the devcloud wire contract (docs/decisions.md §3 and §4), one per topic.
  *
  * Every payload but `state` is a JSON object with an `id`, so that a duplicate delivery (QoS 1 is
  * at-least-once) can be recognised; the handling of every message is idempotent on top of that.
@@ -30,7 +30,7 @@ export const VarName = z.string().regex(VAR_NAME_RE, 'not a valid variable name'
 export const VarType = z.enum(['d', 's']);
 /** Which side set a value: part of its version `(name, time, origin)`. */
 export const Origin = z.enum(['device', 'cloud']);
-/** A push carries a new value; a sync re-sends the current value without changing it (DESIGN section 3). */
+/** A push carries a new value; a sync re-sends the current value without changing it (docs/decisions.md §3). */
 export const SyncKind = z.enum(['push', 'sync']);
 export const Uuid = z.uuid();
 /** A device's auth code: its claim token and its key in `GET /0/network/`. */
@@ -199,7 +199,7 @@ export type HeardMessage = z.infer<typeof HeardMessage>;
 export const CommandState = z.enum(['queued', 'running', 'done', 'failed', 'expired']);
 export type CommandState = z.infer<typeof CommandState>;
 
-/** `up/cmd`: the state of one command on the device (DESIGN section 6). */
+/** `up/cmd`: the state of one command on the device (docs/decisions.md §6). */
 export const CmdStatusMessage = z
   .object({
     id: MessageId,
@@ -229,7 +229,7 @@ export const CmdMessage = z
   .strict();
 export type CmdMessage = z.infer<typeof CmdMessage>;
 
-/** `down/fw`: start or cancel a firmware job (DESIGN section 7). */
+/** `down/fw`: start or cancel a firmware job (docs/decisions.md §7). */
 export const FwMessage = z.discriminatedUnion('action', [
   z
     .object({

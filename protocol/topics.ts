@@ -1,5 +1,5 @@
 /**
- * MQTT topics of the devcloud wire contract (DESIGN section 4).
+ * MQTT topics of the devcloud wire contract (docs/decisions.md §4).
  *
  * Every topic lives under `dc/v1/<deviceId>/`. Neither the agent nor the bridge spells a topic by hand:
  * they build topics with {@link topicFor} and read them with {@link parseTopic}.

@@ -1,5 +1,5 @@
 /**
- * The gateway's command queue in SQLite (DESIGN section 6): every command the cloud sends is stored here before
+ * The gateway's command queue in SQLite (docs/decisions.md §6): every command the cloud sends is stored here before
  * anything else happens to it, and its state moves forward only: `queued` → `running` → `done` or `failed`, or
  * `queued` → `expired`. The queue is also the outbox of status reports: `reported` says whether the latest state
  * reached the broker, and what has not is reported again on the next connect.

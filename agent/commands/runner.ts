@@ -1,5 +1,5 @@
 /**
- * Runs the gateway's queued commands (DESIGN section 6): highest priority first, first in first out within a
+ * Runs the gateway's queued commands (docs/decisions.md §6): highest priority first, first in first out within a
  * priority, `concurrency` at a time (1 by default), never one that has expired. Every state is committed before
  * it is reported on `up/cmd`; a report that did not reach the broker goes again on the next connect.
  *

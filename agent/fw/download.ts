@@ -1,5 +1,5 @@
 /**
- * Fetches a firmware image to a `.part` file (DESIGN section 7). The body is streamed to disk with backpressure,
+ * Fetches a firmware image to a `.part` file (docs/decisions.md §7). The body is streamed to disk with backpressure,
  * never held in memory; a download that breaks off resumes from the bytes already on disk with an HTTP Range
  * request, so a gateway on a poor link makes progress across attempts and restarts. The file is fsynced before
  * the download counts as done, so a power cut after that cannot leave a short image behind a "downloaded" state.

@@ -1,6 +1,6 @@
 /**
  * The health check that decides, after a firmware switch, whether the new image is committed or rolled back
- * (DESIGN section 7). It is either a command, run without a shell and healthy when it exits 0, or an HTTP URL,
+ * (docs/decisions.md §7). It is either a command, run without a shell and healthy when it exits 0, or an HTTP URL,
  * healthy when a GET answers 2xx. Each attempt has a time limit; a failed attempt is repeated after an interval
  * up to `retries` times. The result carries a sentence for the job's error when the check does not pass.
  */

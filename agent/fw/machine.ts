@@ -1,5 +1,5 @@
 /**
- * The firmware update state machine of DESIGN section 7, as one table and a pure transition function. The I/O
+ * The firmware update state machine of docs/decisions.md §7, as one table and a pure transition function. The I/O
  * of each state lives in the interpreter (`updater.ts`); this file decides only where an outcome leads.
  *
  *   downloading → verifying → installing → switching → restarting → committing → done

@@ -1,5 +1,5 @@
 /**
- * The built-in A/B slot installer (DESIGN section 7). A slots directory holds two slot folders, `a` and `b`, and
+ * The built-in A/B slot installer (docs/decisions.md §7). A slots directory holds two slot folders, `a` and `b`, and
  * a symlink `current` naming the active one. An image is always unpacked into the inactive slot, so a failed or
  * interrupted install never touches what is running; switching is one atomic rename of the `current` link.
  *

@@ -1,5 +1,5 @@
 /**
- * The firmware jobs the agent has been given, in SQLite (DESIGN section 7). The latest job's row is the state
+ * The firmware jobs the agent has been given, in SQLite (docs/decisions.md §7). The latest job's row is the state
  * machine's saved state: it is written, with `synchronous=FULL`, before every side effect, and read on start to
  * resume. `fw_steps` keeps each job's transitions for `devcloud-agent fw status`. `reported` makes the row the
  * outbox of the `meta` report: a state the broker has not acknowledged is reported again on the next connect.

@@ -1,5 +1,5 @@
 /**
- * The interpreter of the firmware state machine (`machine.ts`, DESIGN section 7): it runs the side effect of the
+ * The interpreter of the firmware state machine (`machine.ts`, docs/decisions.md §7): it runs the side effect of the
  * saved state, feeds the outcome to the transition function, saves the next state (durably, before its side
  * effect runs), and reports every transition as the `meta` variables `fwstate`, `fwprogress`, `fwname`,
  * `fwerror`, `fwerrorcode` and `fwversion`. On start it resumes from the saved state; the loop counter

@@ -1,5 +1,5 @@
 /**
- * Checks a downloaded firmware image before it is installed (DESIGN section 7): its size and sha256 against the
+ * Checks a downloaded firmware image before it is installed (docs/decisions.md §7): its size and sha256 against the
  * job's metadata, then the Ed25519 signature over the statement that binds those to the image's name, platform
  * and version. The image is read a piece at a time, so its size is bounded by the disk, not by memory.
  */

@@ -1,5 +1,5 @@
 /**
- * The nearby listener (DESIGN decisions 18 and 19): phones and laptops broadcast their user's authcode to UDP
+ * The nearby listener (decisions 18 and 19): phones and laptops broadcast their user's authcode to UDP
  * port 590; the agent reports each authcode it hears on `up/heard`, at most once per `dedupeMs`. Anything that
  * is not an authcode is ignored and counted. A port that cannot be bound is one clear log line, and the rest of
  * the agent keeps running.

@@ -1,5 +1,5 @@
 /**
- * The gateway's variables in SQLite, with the four stamps of DESIGN section 3:
+ * The gateway's variables in SQLite, with the four stamps of docs/decisions.md §3:
  *
  * - `time`: when the current value was set, by whichever side set it; `(name, time, origin)` is its version.
  * - `acked`: when the cloud acknowledged this version (`acked >= time` means acknowledged).

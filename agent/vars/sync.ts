@@ -1,5 +1,5 @@
 /**
- * Synchronisation of the gateway's variables with the cloud, exactly as DESIGN section 3 says:
+ * Synchronisation of the gateway's variables with the cloud, exactly as docs/decisions.md §3 says:
  *
  * - A change made on the gateway is committed, then pushed on `up/vars`; the cloud's ack on `down/acks` sets
  *   `acked`. A re-send without change (explicit, or the catch-up after start) is a sync; its ack sets
@@ -240,7 +240,7 @@ export class VarSync extends EventEmitter<SyncEvents> {
   handleVars(msg: VarsMessage): void {
     for (const item of msg.items) {
       if (item.type !== 'd') {
-        // s variables live on the server; the cloud never pushes them (DESIGN section 3).
+        // s variables live on the server; the cloud never pushes them (docs/decisions.md §3).
         this.counters.dropped++;
         this.opts.log.warn({
           event: 'vars.drop',

@@ -1,6 +1,6 @@
 /**
- * A durable cloud for benchmarks: an MQTT client that speaks `protocol/` like the bridge does (DESIGN sections
- * 3 and 4) and, unlike the test FakeCloud, keeps its side in SQLite (WAL, `synchronous=FULL`, group commit).
+ * A durable cloud for benchmarks: an MQTT client that speaks `protocol/` like the bridge does (docs/decisions.md
+ * §3 and §4) and, unlike the test FakeCloud, keeps its side in SQLite (WAL, `synchronous=FULL`, group commit).
  * Every version a device sends is committed before it is acknowledged, so a device's `acked` stamp means the
  * version is on the cloud's disk.
  */
@@ -69,7 +69,7 @@ export class DurableCloud {
       get: this.db.prepare<[string, string, string], { time: number }>(
         'SELECT time FROM vars WHERE device = ? AND type = ? AND name = ?',
       ),
-      // Last writer wins, ties go to the cloud (DESIGN section 3); `changes` tells whether the version was newer.
+      // Last writer wins, ties go to the cloud (docs/decisions.md §3); `changes` tells whether the version was newer.
       apply: this.db.prepare(`
         INSERT INTO vars (device, type, name, value, time, origin, acked)
         VALUES (@device, @type, @name, @value, @time, @origin, @acked)

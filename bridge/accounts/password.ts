@@ -1,5 +1,5 @@
 /**
- * Password hashing with scrypt (DESIGN section 9).
+ * Password hashing with scrypt (docs/decisions.md §9).
  *
  * Hashes run on libuv's thread pool through node's asynchronous `crypto.scrypt`, so the event loop keeps
  * serving while one runs. At most `maxConcurrent` run at once, so that logins cannot take every core of a

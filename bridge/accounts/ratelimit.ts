@@ -1,5 +1,5 @@
 /**
- * Attempt limits for login, signup, resend and recovery, per address and per login (DESIGN section 9).
+ * Attempt limits for login, signup, resend and recovery, per address and per login (docs/decisions.md §9).
  *
  * A sliding window log: each key keeps the times of its attempts inside the last `windowMs`, at most `limit`
  * of them, so no window of that length ever holds more than `limit` allowed attempts and the wait announced

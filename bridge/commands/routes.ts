@@ -1,7 +1,7 @@
 /**
  * Commands: `POST /0/devices/<id>/` (the specification, decision 13), the older clients' spelling
  * `POST /0/devices/<id>/<command>` with no body, and the status extension `GET /0/devices/<id>/commands/` and
- * `GET /0/devices/<id>/commands/<uuid>` (DESIGN section 6).
+ * `GET /0/devices/<id>/commands/<uuid>` (docs/decisions.md §6).
  *
  * Who may send commands and read their status: whoever may change the device's variables (access.ts).
  */
@@ -162,7 +162,7 @@ export function commandRoutes(ctx: RouteContext): Route[] {
       tag: 'Commands',
       summary: "The device's commands and their states",
       description:
-        'An extension (DESIGN section 6): command objects, newest first. States: `queued` (on the bridge), ' +
+        'An extension (docs/decisions.md §6): command objects, newest first. States: `queued` (on the bridge), ' +
         '`sent` (handed to the broker; `delivered` is set once the device has stored it), `running`, `done`, ' +
         '`failed`, `expired`. Commands are kept until the device is unregistered. ' +
         `${who} \`Cache-Control: no-store\`.`,
@@ -196,7 +196,7 @@ export function commandRoutes(ctx: RouteContext): Route[] {
       tag: 'Commands',
       summary: 'One command and its state',
       description:
-        'An extension (DESIGN section 6): the command object. A finished command has `finished`, and, when the ' +
+        'An extension (docs/decisions.md §6): the command object. A finished command has `finished`, and, when the ' +
         'device ran a program, `exitCode` or `signal` and the end of its output (`output`, `truncated` when cut); ' +
         `\`reason\` says why it failed or expired. ${who} \`Cache-Control: no-store\`.`,
       session: 'required',

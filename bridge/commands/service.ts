@@ -1,5 +1,5 @@
 /**
- * The bridge's side of commands (DESIGN section 6): `POST /0/devices/<id>/` stores a command and hands it to the
+ * The bridge's side of commands (docs/decisions.md §6): `POST /0/devices/<id>/` stores a command and hands it to the
  * device when the device is connected; each hello hands over again every command the device has not finished
  * and that has not expired (the agent keeps commands by uuid, so a repeat is answered, not run again); status
  * reports on `up/cmd` move a command forward; a command the device never received expires on the bridge.

@@ -1,5 +1,5 @@
 /**
- * Commands on the bridge (DESIGN section 6 and decision 13): each one stored with its expiry before the caller
+ * Commands on the bridge (docs/decisions.md §6 and decision 13): each one stored with its expiry before the caller
  * gets its uuid, handed to the device when it is connected and again on each of its hellos until the device
  * reports an outcome, and never handed over after it expires.
  *

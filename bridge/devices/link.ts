@@ -1,5 +1,5 @@
 /**
- * The bridge's MQTT client (DESIGN section 4): one connection, to the embedded broker or to an external one
+ * The bridge's MQTT client (docs/decisions.md §4): one connection, to the embedded broker or to an external one
  * (`--mqtt-url`), subscribed to what every device publishes. Each payload is validated with `protocol/`; a
  * payload that fails is dropped with one warning line and a counter, never a crash.
  *

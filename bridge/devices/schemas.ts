@@ -1,5 +1,5 @@
 /**
- * The request forms and path parameters of the device and network routes (STYLE principle 3: parse at the
+ * The request forms and path parameters of the device and network routes (docs/decisions.md, principle 3: parse at the
  * edge). The routes read their input through these schemas and `bridge/openapi.ts` documents the same ones.
  */
 import { z } from 'zod';

@@ -1,5 +1,5 @@
 /**
- * The cloud side of variable synchronisation (DESIGN sections 3 and 4) and of presence and nearby (section 5):
+ * The cloud side of variable synchronisation (docs/decisions.md §3 and §4) and of presence and nearby (§5):
  * what the bridge does with each message a device publishes, and with each change a user makes through the API.
  *
  * The rules are the agent's, seen from the cloud (docs/sync.md): a version is applied when it is newer; every
@@ -425,7 +425,7 @@ export class DeviceService {
       if (meta.fwerror !== undefined && meta.fwerrorcode === undefined) {
         devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
       }
-      // A final firmware state ends the device's open job (DESIGN section 7).
+      // A final firmware state ends the device's open job (docs/decisions.md §7).
       const fwstate = meta.fwstate;
       if (fwstate !== undefined && isFwFinalState(fwstate)) {
         const job = this.opts.store.fwJobs.openOf(deviceId);

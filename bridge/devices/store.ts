@@ -1,8 +1,8 @@
 /**
- * What the bridge keeps of devices (DESIGN sections 3 to 5), in the bridge's SQLite database:
+ * What the bridge keeps of devices (docs/decisions.md §3 to §5), in the bridge's SQLite database:
  *
  * - `devices`: every device the bridge has met, its auth code (claim token) and its owner;
- * - `vars`: the `d`, `s` and `meta` variables of each device, `d` with the four stamps of DESIGN section 3;
+ * - `vars`: the `d`, `s` and `meta` variables of each device, `d` with the four stamps of docs/decisions.md §3;
  * - `history`: every value a variable took, indexed by variable and id, so that reading the newest N entries
  *   costs the same whatever the length of the history (decisions 10 and 11);
  * - `nearby`: which user's authcode each device heard last, and when (decision 18).

@@ -1,5 +1,5 @@
 /**
- * The bridge's firmware catalog (DESIGN section 7): each image the operator added with `devcloud-bridge firmware
+ * The bridge's firmware catalog (docs/decisions.md §7): each image the operator added with `devcloud-bridge firmware
  * add`, by name, with its platform, version, the platforms it updates from and to, its size, sha256 and the
  * Ed25519 signature over them (protocol/firmware.ts). The records live in the bridge's SQLite database; the images
  * themselves are files named by their sha256 under `<dataDir>/firmware/`, so that two names for the same bytes
@@ -209,7 +209,7 @@ const CHUNK = 1 << 20;
 
 /**
  * Copies a file into the image directory under its sha256, reading it once in chunks (never whole): into a
- * temporary file, fsynced, renamed, and the directory fsynced (DESIGN section 8). Returns its size and sha256.
+ * temporary file, fsynced, renamed, and the directory fsynced (docs/decisions.md §8). Returns its size and sha256.
  */
 export async function importImage(imageDir: string, file: string): Promise<{ size: number; sha256: string }> {
   mkdirSync(imageDir, { recursive: true });

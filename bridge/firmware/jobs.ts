@@ -1,5 +1,5 @@
 /**
- * Firmware jobs on the bridge (DESIGN section 7): one per update started through
+ * Firmware jobs on the bridge (docs/decisions.md §7): one per update started through
  * `POST /0/devices/<id>/fw/<name>`, at most one open per device. A job carries the token its device downloads the
  * image with (kept as a hash, valid until `tokenExpires`), and ends when the device reports a final `fwstate`.
  */

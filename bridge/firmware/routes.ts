@@ -1,5 +1,5 @@
 /**
- * The Firmware section of the specification and DESIGN section 7, on the bridge:
+ * The Firmware section of the specification and docs/decisions.md §7, on the bridge:
  *
  * - `GET /0/firmware/`: the catalog as a JSON array of firmware image objects, ordered by name, then version. Any
  *   logged-in user may list it; the sha256 and signature of each image go to devices with their jobs, not here.

@@ -1,5 +1,5 @@
 /**
- * The bridge's outgoing e-mail (DESIGN decision 20): confirmation and password-reset links. Over SMTP with
+ * The bridge's outgoing e-mail (decision 20): confirmation and password-reset links. Over SMTP with
  * nodemailer when `smtp` is configured; otherwise each message is written to an outbox folder as a `.eml` file
  * and its link is logged, which is what a developer running the bridge locally clicks.
  */

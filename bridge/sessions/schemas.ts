@@ -1,5 +1,5 @@
 /**
- * The request forms of the session routes (STYLE principle 3: parse at the edge). Each route reads its fields
+ * The request forms of the session routes (docs/decisions.md, principle 3: parse at the edge). Each route reads its fields
  * through these schemas, and `bridge/openapi.ts` turns the same schemas into the API document, so that what is
  * documented is what is enforced. The bounds come from the `accounts` config (decision 12).
  */

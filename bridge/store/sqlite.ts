@@ -1,4 +1,4 @@
-/** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (DESIGN section 8). */
+/** The bridge store in SQLite: WAL, `synchronous=FULL`, versioned migrations, group commit (docs/decisions.md §8). */
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';

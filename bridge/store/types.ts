@@ -50,7 +50,7 @@ export interface User {
 }
 
 export interface Session {
-  /** sha256 of the cookie value: the value itself is never stored (DESIGN section 9). */
+  /** sha256 of the cookie value: the value itself is never stored (docs/decisions.md §9). */
   idHash: string;
   frontendId: string;
   userId: number | null;

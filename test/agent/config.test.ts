@@ -1,5 +1,5 @@
 /**
- * Agent configuration (STYLE principle 4): file < `DEVCLOUD_*` environment < flags, defaults filled, every
+ * Agent configuration (docs/decisions.md, principle 4): file < `DEVCLOUD_*` environment < flags, defaults filled, every
  * problem reported at once with its key and where the value came from; the real CLI exits 2 on bad config.
  */
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';

@@ -52,7 +52,7 @@ describe('retained state at QoS 0', () => {
     await broker?.close();
   });
 
-  it('publishes state retained at QoS 0, as DESIGN section 4 fixes, and every other topic at QoS 1', async () => {
+  it('publishes state retained at QoS 0, as docs/decisions.md §4 fixes, and every other topic at QoS 1', async () => {
     broker = await startAedes();
     const seen: Array<{ topic: string; qos: number; retain: boolean; payload: string }> = [];
     const watcher = await mqtt.connectAsync(broker.url, { reconnectPeriod: 0 });

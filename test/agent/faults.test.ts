@@ -1,5 +1,5 @@
 /**
- * DESIGN section 8: `kill -9` at any moment loses nothing acknowledged and applies nothing twice; a broker
+ * docs/decisions.md §8: `kill -9` at any moment loses nothing acknowledged and applies nothing twice; a broker
  * that goes away mid-burst costs nothing either. Every change is a distinct variable (`k<i>` = `<run>:<i>`),
  * so each one can be followed from the client's acknowledgement to the agent's store and the cloud. Kill points
  * are random; a failure names its seed, and DEVCLOUD_FAULT_SEED replays it. DEVCLOUD_LONG runs 20 kill runs.

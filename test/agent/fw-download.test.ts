@@ -1,5 +1,5 @@
 /**
- * Firmware download (DESIGN section 7) against a real HTTP server on port 0 that checks the job token, honours
+ * Firmware download (docs/decisions.md §7) against a real HTTP server on port 0 that checks the job token, honours
  * Range, and can misbehave on demand: cut the connection, ignore Range, send too much. The server counts the
  * bytes it sends, so a resume is shown to transfer only what was missing.
  */

@@ -1,5 +1,5 @@
 /**
- * The A/B slot installer (DESIGN section 7) against real files and the system's `tar`: installs land only in the
+ * The A/B slot installer (docs/decisions.md §7) against real files and the system's `tar`: installs land only in the
  * inactive slot, unsafe archives are refused before anything is written, the install script runs with its slot,
  * and switching or rolling back is one atomic rename of the `current` link.
  */

@@ -1,5 +1,5 @@
 /**
- * Image verification before install (DESIGN section 7): size and sha256 from the job, then the Ed25519 signature
+ * Image verification before install (docs/decisions.md §7): size and sha256 from the job, then the Ed25519 signature
  * over the statement that binds them to the image's name, platform and version, against the configured keys.
  */
 import { createHash, generateKeyPairSync, randomBytes } from 'node:crypto';

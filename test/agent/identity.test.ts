@@ -1,5 +1,5 @@
 /**
- * The device identity (DESIGN section 5): made at first start or taken from a provisioning file, kept in
+ * The device identity (docs/decisions.md §5): made at first start or taken from a provisioning file, kept in
  * `<stateDir>/identity.json` readable by the agent only, the same across restarts; a bad file stops the agent
  * with a clear error rather than making a new identity behind the operator's back.
  */

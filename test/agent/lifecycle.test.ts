@@ -1,7 +1,7 @@
 /**
  * The agent process as systemd runs it: a clean stop on SIGTERM and SIGINT (retained `offline`, exit 0 within
  * the 5 s the CLI allows, data kept), the last will after `kill -9`, and logs a field engineer can use: one
- * `event` and the device id on every line, no secrets, the level changed at runtime (STYLE principle 10).
+ * `event` and the device id on every line, no secrets, the level changed at runtime (docs/decisions.md, principle 10).
  */
 import { createSocket } from 'node:dgram';
 import { randomBytes } from 'node:crypto';

@@ -1,5 +1,5 @@
 /**
- * The nearby listener through real UDP sockets (DESIGN decisions 18 and 19): what is an authcode, what is
+ * The nearby listener through real UDP sockets (decisions 18 and 19): what is an authcode, what is
  * ignored, dedupe, reports after an outage, a port that cannot be bound, and the modes that switch it off.
  */
 import { type Socket, createSocket } from 'node:dgram';

@@ -1,6 +1,6 @@
 /**
  * Variable sync between an in-process agent and a fake cloud through a real broker (aedes and Mosquitto),
- * checked against DESIGN section 3: values and the four stamps on both sides, duplicates, older versions,
+ * checked against docs/decisions.md §3: values and the four stamps on both sides, duplicates, older versions,
  * tombstones, catch-up after an outage, retries, and bad input on every `down/` topic.
  */
 import Database from 'better-sqlite3';

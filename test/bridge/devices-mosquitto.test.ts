@@ -1,5 +1,5 @@
 /**
- * The bridge with an external Mosquitto that has per-device credentials and ACLs (DESIGN sections 4 and 5):
+ * The bridge with an external Mosquitto that has per-device credentials and ACLs (docs/decisions.md §4 and §5):
  * real agents provisioned with their own uuid and secret, the journey parts that go through the broker, the
  * isolation of one device from another's topics (on Mosquitto and on the embedded broker), and a bridge
  * restart while Mosquitto keeps the bridge's persistent session.

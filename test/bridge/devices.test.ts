@@ -1,7 +1,7 @@
 /**
  * The Devices and Network sections of the specification, through HTTP against a listening bridge with its
  * embedded broker and real agents connected to it: claim (decisions 8 and 16), device objects and variable
- * shapes (decision 9), the six rules for variables and the four stamps of DESIGN section 3, history (decisions
+ * shapes (decision 9), the six rules for variables and the four stamps of docs/decisions.md §3, history (decisions
  * 10 and 11), nearby and the network view (decisions 18 and 19), who may see what (decisions 3 and 14), and
  * presence in `meta` (decisions 21 and 22).
  */
@@ -653,7 +653,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
     });
   });
 
-  describe('the four stamps (DESIGN section 3)', () => {
+  describe('the four stamps (docs/decisions.md §3)', () => {
     it('a sync: synced grows strictly on every sync, syncacked reaches it after the ack, time and value unchanged', async () => {
       const u = await world.user();
       const dev = await world.owned(u);

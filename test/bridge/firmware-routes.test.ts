@@ -1,5 +1,5 @@
 /**
- * The firmware job routes, request by request (DESIGN section 7, decision 7): starting an update, with each reason
+ * The firmware job routes, request by request (docs/decisions.md §7, decision 7): starting an update, with each reason
  * a start is refused and what a refusal leaves behind; cancelling one before and after the switch; and the image a
  * device downloads, with its token and HTTP ranges. The devices report through the bridge's device side, with a link
  * that records what goes down to them (`test/support/fw-bridge.ts`). The answer checker is on: every answer here is

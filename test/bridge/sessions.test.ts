@@ -1,5 +1,5 @@
 /**
- * The Session, User data and Errors tables of the REST specification through HTTP, with DESIGN decisions 1-4,
+ * The Session, User data and Errors tables of the REST specification through HTTP, with decisions 1-4,
  * 12, 15 and 17: every row through `inject()` and against a listening server with a cookie jar, the cookie's
  * attributes over plain HTTP and TLS, what the SQLite file holds, and time moved with an injected clock.
  */
@@ -394,7 +394,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       }
       // What is stored cannot be replayed as a cookie.
       expectToken(await c.get('/0/user/', { cookie: `sid=${sha256(sid)}` }), 404, 'not found');
-      // DESIGN section 9: logs never hold session ids or passwords.
+      // docs/decisions.md §9: logs never hold session ids or passwords.
       expect(b.sink.lines.length).toBeGreaterThan(0);
       expect(b.sink.text()).not.toContain(sid);
       expect(b.sink.text()).not.toContain(PASSWORD);

@@ -1,6 +1,6 @@
 /**
  * The transition function of the firmware update (`agent/fw/machine.ts`) against a table written out here by
- * hand: every state against every event, so that a change to the flow of DESIGN section 7 shows up as a changed
+ * hand: every state against every event, so that a change to the flow of docs/decisions.md §7 shows up as a changed
  * cell. Read a row as "in this state, on this event, the machine does that".
  */
 import { describe, expect, it } from 'vitest';

@@ -1,5 +1,5 @@
 /**
- * A failure injected at every active state of the firmware update (DESIGN section 7), in the manner of the
+ * A failure injected at every active state of the firmware update (docs/decisions.md §7), in the manner of the
  * Mender client's state tests: one table, a row per state, each row run end to end through a live bridge
  * (REST start, the image over HTTP behind the job's token, `meta` over MQTT) and a real in-process agent with
  * its own state directory and slots. Each row checks the `fwstate` sequence the bridge recorded, the final state,

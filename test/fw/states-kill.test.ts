@@ -1,5 +1,5 @@
 /**
- * A `kill -9` of the agent at every active state of the firmware update (DESIGN section 7), in the manner of the
+ * A `kill -9` of the agent at every active state of the firmware update (docs/decisions.md §7), in the manner of the
  * Mender client's state tests: one table, a row per state. Each row runs a real agent process against a live
  * bridge (REST start, the image over HTTP through a proxy, `meta` over the embedded broker), holds the agent in
  * the row's state with a program that writes a marker and blocks, kills the agent there, starts it again on the

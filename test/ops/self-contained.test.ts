@@ -3,8 +3,6 @@
  * principles are in docs/decisions.md), never a document kept outside the repository; every decision, section and
  * principle they cite has its heading in docs/decisions.md; and every relative link in the docs reaches a file
  * and, with `#anchor`, a heading of that file, by GitHub's rules for heading anchors.
- *
- * Old citations in comments are rewritten by `scripts/cite-docs.sh`.
  */
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
@@ -135,7 +133,7 @@ function headingsOf(file: string): { texts: string[]; anchors: Set<string> } {
 const DECISIONS = 'docs/decisions.md';
 
 describe('the repository stands on its own', () => {
-  it('cites no document kept outside it (scripts/cite-docs.sh rewrites old citations in comments)', () => {
+  it('cites no document kept outside it', () => {
     const found: string[] = [];
     for (const { file, text } of FILES) {
       for (const { what, re } of OUTSIDE) {

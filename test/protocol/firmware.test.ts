@@ -1,5 +1,5 @@
 /**
- * The firmware signature contract (DESIGN section 7). The statement's bytes are what a bridge signs and every
+ * The firmware signature contract (docs/decisions.md §7). The statement's bytes are what a bridge signs and every
  * agent in the field verifies, so they are pinned here byte for byte: a change breaks every deployed agent.
  */
 import { createPrivateKey, createPublicKey, generateKeyPairSync, verify } from 'node:crypto';

@@ -1,5 +1,5 @@
 /**
- * The wire contract (DESIGN section 4, decisions 9 and 12): topics, payload schemas and value encoding. Both
+ * The wire contract (docs/decisions.md §4, decisions 9 and 12): topics, payload schemas and value encoding. Both
  * sides import these, so a regression here breaks every agent and bridge at once.
  */
 import { randomBytes, randomUUID } from 'node:crypto';

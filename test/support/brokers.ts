@@ -119,7 +119,7 @@ export interface MqttLogin {
 }
 
 export interface SecureMosquittoOptions {
-  /** Devices log in with their uuid as username and their secret as password (DESIGN section 5). */
+  /** Devices log in with their uuid as username and their secret as password (docs/decisions.md §5). */
   devices: ReadonlyArray<{ id: string; secret: string }>;
   /** The bridge's login: it may read and write every device topic. */
   bridge: MqttLogin;
@@ -132,7 +132,7 @@ export interface SecureMosquitto extends TestBroker {
 }
 
 /**
- * A private Mosquitto as production runs it (DESIGN sections 4 and 5): no anonymous clients, a password per
+ * A private Mosquitto as production runs it (docs/decisions.md §4 and §5): no anonymous clients, a password per
  * device and for the bridge (made with `mosquitto_passwd`), and ACL patterns on the username, so that a device
  * publishes only under its own `up/` and `state` and receives only its own `down/`.
  *
