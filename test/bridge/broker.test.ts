@@ -1,10 +1,10 @@
 import { randomBytes, randomUUID } from 'node:crypto';
-import { createRequire } from 'node:module';
+import { execFileSync } from 'node:child_process';
 import mqtt, { type MqttClient } from 'mqtt';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { EmbeddedBroker, MemoryCredentials, hashSecret } from '../../bridge/broker.js';
-import { downFilter, topicFor } from '../../protocol/index.js';
-import { LogSink } from '../support/agent.js';
+import { topicFor } from '../../protocol/index.js';
+import { LogSink, ROOT } from '../support/agent.js';
 import { createLogger } from '../../lib/log.js';
 
 function device() {
@@ -145,15 +145,30 @@ describe('embedded broker: enrolment and topic isolation', () => {
     expect(bridge.connected).toBe(true);
   });
 
-  it('writes packet identifiers without building a cache of 65,536 buffers on the first connection', async () => {
-    // The copy of mqtt-packet aedes writes with; its cache is filled on the first packet written when it is on.
-    const fromAedes = createRequire(createRequire(import.meta.url).resolve('aedes'));
-    const numbers = fromAedes('mqtt-packet/numbers.js') as { cache: Record<number, Buffer> };
-    const d = device();
-    const c = await connect(broker.url, d.id, d.id, d.secret);
-    clients.push(c);
-    await c.subscribeAsync(downFilter(d.id), { qos: 1 });
-    await c.publishAsync(topicFor(d.id, 'up/meta'), '{}', { qos: 1 });
-    expect(Object.keys(numbers.cache)).toHaveLength(0);
+  it('writes packet identifiers without building a cache of 65,536 buffers on the first connection', () => {
+    // In a fresh process: the test workers share modules between files (vitest.config.ts), and mqtt-packet's cache
+    // is one per process, which a client in an earlier file may have filled already.
+    const script = `
+      import { createRequire } from 'node:module';
+      import mqtt from 'mqtt';
+      import { EmbeddedBroker, MemoryCredentials } from './dist/bridge/broker.js';
+      import { createLogger } from './dist/lib/log.js';
+      const log = createLogger({ level: 'fatal', pretty: 'never', base: {} });
+      const broker = await EmbeddedBroker.start({
+        host: '127.0.0.1', port: 0, openEnrolment: true, credentials: new MemoryCredentials(), log,
+      });
+      // The copy of mqtt-packet aedes writes with; its cache is filled on the first packet written when it is on.
+      const fromAedes = createRequire(createRequire(import.meta.url).resolve('aedes'));
+      const numbers = fromAedes('mqtt-packet/numbers.js');
+      const id = crypto.randomUUID();
+      const c = await mqtt.connectAsync(broker.url, { clientId: id, username: id, password: 'x'.repeat(64), reconnectPeriod: 0 });
+      await c.subscribeAsync('dc/v1/' + id + '/down/#', { qos: 1 });
+      await c.publishAsync('dc/v1/' + id + '/up/meta', '{}', { qos: 1 });
+      await c.endAsync(true);
+      await broker.close();
+      process.stdout.write(String(Object.keys(numbers.cache).length));
+    `;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, encoding: 'utf8' });
+    expect(out).toBe('0');
   });
 });

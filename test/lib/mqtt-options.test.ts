@@ -3,8 +3,8 @@
  * its callers gets (the agent's uplink and enrolment request, doctor's check, the bridge's link and its dynamic
  * security connection), and the errors of a TLS file that cannot be read.
  */
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { type MqttClientSpec, MqttTlsFileError, mqttClientOptions, readMqttTls } from '../../lib/mqtt-options.js';
 import { tempDir } from '../support/agent.js';
@@ -222,15 +222,20 @@ describe('readMqttTls', () => {
     );
   });
 
-  it.runIf(process.getuid?.() !== 0)('a file it may not read: EACCES', () => {
-    const keyFile = pem('secret-key.pem', 'k');
-    chmodSync(keyFile, 0o000);
-    expect(() => readMqttTls({ keyFile })).toThrow(
-      expect.objectContaining({
-        key: 'keyFile',
-        code: 'EACCES',
-        message: expect.stringMatching(/^cannot read the MQTT client key file: EACCES: permission denied/),
-      }),
-    );
+  it('a path it cannot read as a file: the code of the error, whoever runs it', () => {
+    // A folder where the key should be: unreadable as a file even for root, unlike a file without permissions.
+    const keyFile = join(tempDir('devcloud-key-dir-'), 'key.pem');
+    mkdirSync(keyFile);
+    try {
+      expect(() => readMqttTls({ keyFile })).toThrow(
+        expect.objectContaining({
+          key: 'keyFile',
+          code: 'EISDIR',
+          message: expect.stringMatching(/^cannot read the MQTT client key file: EISDIR/),
+        }),
+      );
+    } finally {
+      rmSync(dirname(keyFile), { recursive: true, force: true });
+    }
   });
 });
