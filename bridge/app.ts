@@ -70,7 +70,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     limits: createLimits(config.rateLimits, now),
   };
 
-  const link = deps.link ?? new LinkMonitor();
+  const link = deps.link ?? new LinkMonitor(now);
   // Before the routes: its hook counts every request.
   const metrics = metricsRoutes(app, { config, store: deps.store, devices, link });
   server.register([

@@ -154,6 +154,7 @@ class BrokerPart implements Part {
         deviceLimits: this.o.deviceLimits,
         credentials: store,
         log,
+        now: this.o.now,
       });
     } catch (err) {
       throw portError(err, config.mqtt.port, '--mqtt-port');
@@ -346,6 +347,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
               password: secrets.mqttPassword ?? '',
               ca: secrets.mqttCa,
               log,
+              now,
             }),
           log,
         )

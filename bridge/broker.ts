@@ -30,7 +30,8 @@ import { EnrolRequest } from './mqtt/dynsec.js';
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
 export interface DeviceCredentials {
   secretHash(deviceId: string): string | undefined;
-  enroll(deviceId: string, secretHash: string): void;
+  /** Records a device's secret hash, enrolled at `at` (ms since the epoch). */
+  enroll(deviceId: string, secretHash: string, at: number): void;
 }
 
 /** Credentials kept in memory, for a broker whose devices need not survive a restart. */
@@ -70,6 +71,8 @@ export interface EmbeddedBrokerOptions {
   enrolLimits?: { perAddress: number; total: number; windowMs: number };
   credentials: DeviceCredentials;
   log: Logger;
+  /** The bridge's clock (bridge/bridge.ts): when a device enrolled. */
+  now: () => number;
   /** Per-device limits on what devices publish, applied before the bridge sees a message. */
   deviceLimits?: DeviceRateLimiter | undefined;
   /** The largest MQTT packet, whole, in bytes; default `MAX_PACKET_BYTES`. */
@@ -194,7 +197,7 @@ export class EmbeddedBroker {
       return;
     }
     if (!this.mayEnrol(client, deviceId)) return;
-    this.opts.credentials.enroll(deviceId, hashSecret(secret));
+    this.opts.credentials.enroll(deviceId, hashSecret(secret), this.opts.now());
     log.info({ event: 'broker.enrolled', deviceId, via: 'credential' });
   }
 
@@ -341,7 +344,7 @@ export class EmbeddedBroker {
           done(err, false);
           return;
         }
-        opts.credentials.enroll(username, presented);
+        opts.credentials.enroll(username, presented, opts.now());
         log.info({ event: 'broker.enrolled', deviceId: username, via: 'first-connect' });
         done(null, true);
         return;

@@ -150,7 +150,7 @@ async function deviceCommand(
     if (wantsId) return await setDeviceEnabled(config, id!, sub === 'enable', io, log);
     const store = new SqliteStore(config.dataDir);
     try {
-      return await provisionDevices(config, store, args, io, log);
+      return await provisionDevices(config, store, { ...args, now: Date.now }, io, log);
     } finally {
       store.close();
     }

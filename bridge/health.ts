@@ -29,7 +29,7 @@ export class LinkMonitor {
   /** When the link went down, or when it was attached and has not come up yet; undefined while up. */
   private downAt: number | undefined;
 
-  constructor(private readonly now: () => number = Date.now) {}
+  constructor(private readonly now: () => number) {}
 
   /** Follows a link from before its start: until its first `up` it counts as down since now. */
   attach(link: Link, kind: Exclude<BrokerKind, 'none'>): void {

@@ -100,7 +100,7 @@ export function isMailError(err: unknown): err is MailError {
 }
 
 /** `now`: the clock that dates outbox messages (the bridge passes its own). */
-export function createMailer(config: MailConfig, log: Logger, now: () => number = Date.now): Mailer {
+export function createMailer(config: MailConfig, log: Logger, now: () => number): Mailer {
   return config.smtp ? new SmtpMailer(config.from, config.smtp, log) : new OutboxMailer(config, log, now);
 }
 

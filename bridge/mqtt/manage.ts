@@ -18,7 +18,7 @@ import { Dynsec, type EnrolRequest } from './dynsec.js';
 /** What the dynamic security side needs from the store: the devices' secret hashes (bridge/store/sqlite.ts). */
 export interface CredentialStore {
   secretHash(deviceId: string): string | undefined;
-  enroll(deviceId: string, secretHash: string): void;
+  enroll(deviceId: string, secretHash: string, at: number): void;
 }
 
 function readSecretFile(path: string, what: string): string {
@@ -58,6 +58,8 @@ export function startManagedBroker(opts: {
   password: string;
   ca?: Buffer | undefined;
   log: Logger;
+  /** The bridge's clock: when a device enrolled. */
+  now: () => number;
 }): ManagedBroker {
   const { config, store, devices, log } = opts;
   const login = dynsecLogin(config);
@@ -97,7 +99,7 @@ export function startManagedBroker(opts: {
       log.warn({ event: 'dynsec.enrol_refused', deviceId, reason: 'client exists' });
       return;
     }
-    store.enroll(deviceId, hashSecret(secret));
+    store.enroll(deviceId, hashSecret(secret), opts.now());
     log.info({ event: 'dynsec.enrolled', deviceId });
   };
   if (enrolPassword !== undefined) {
@@ -167,7 +169,7 @@ async function adminConnection(config: BridgeConfig, log: Logger): Promise<Dynse
 export async function provisionDevices(
   config: BridgeConfig,
   store: CredentialStore,
-  args: { count: number; outDir: string },
+  args: { count: number; outDir: string; now: () => number },
   io: Io,
   log: Logger,
 ): Promise<number> {
@@ -183,7 +185,7 @@ export async function provisionDevices(
       if (dynsec && !(await dynsec.createDevice(identity.deviceId, identity.secret))) {
         throw new Error(`the broker has a client ${identity.deviceId} already`);
       }
-      store.enroll(identity.deviceId, hashSecret(identity.secret));
+      store.enroll(identity.deviceId, hashSecret(identity.secret), args.now());
       const file = join(resolve(args.outDir), `${identity.deviceId}.json`);
       writeFileAtomic(file, `${JSON.stringify(identity, null, 2)}\n`, 0o600);
       io.out(file);

@@ -441,8 +441,8 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
    * Trust on first use: the first secret a device presents is kept. Written at once and durably (the broker
    * accepts the connection only after this returns), so that a restart cannot let another secret in.
    */
-  enroll(deviceId: string, secretHash: string): void {
-    this.devices.enroll(deviceId, secretHash, Date.now());
+  enroll(deviceId: string, secretHash: string, at: number): void {
+    this.devices.enroll(deviceId, secretHash, at);
   }
 
   close(): void {

@@ -17,7 +17,7 @@ describe('agent credentials against the embedded broker', () => {
   async function startBroker(openEnrolment = true) {
     const credentials = new MemoryCredentials();
     const log = createLogger({ level: 'warn', pretty: 'never', base: {}, destination: new LogSink() });
-    broker = await EmbeddedBroker.start({ host: '127.0.0.1', port: 0, openEnrolment, credentials, log });
+    broker = await EmbeddedBroker.start({ host: '127.0.0.1', port: 0, openEnrolment, credentials, log, now: Date.now });
     return credentials;
   }
 

@@ -170,6 +170,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
   const mailer: Mailer = createMailer(
     { from: config.mail.from, outboxDir: outboxDir(config), smtp: config.mail.smtp },
     log,
+    () => clock.t,
   );
   cleanups.push(() => mailer.close());
   const app = buildApp({ config, store, hasher, mailer, log, now: () => clock.t, checkAnswers: true });

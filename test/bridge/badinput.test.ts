@@ -620,7 +620,7 @@ beforeAll(async () => {
     maxConcurrent: a.hashConcurrency,
     maxQueued: a.hashQueue,
   });
-  const mailer = createMailer({ from: config.mail.from, outboxDir: outboxDir(config), smtp: undefined }, log);
+  const mailer = createMailer({ from: config.mail.from, outboxDir: outboxDir(config), smtp: undefined }, log, Date.now);
   app = buildApp({ config, store, hasher, mailer, log, checkAnswers: true });
   app.addHook('onClose', () => mailer.close());
   await app.listen({ host: '127.0.0.1', port: 0 });

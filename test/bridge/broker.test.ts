@@ -35,7 +35,7 @@ describe('embedded broker: enrolment and topic isolation', () => {
     credentials = new MemoryCredentials();
     sink = new LogSink();
     const log = createLogger({ level: 'info', pretty: 'never', base: {}, destination: sink });
-    broker = await EmbeddedBroker.start({ host: '127.0.0.1', port: 0, openEnrolment, credentials, log });
+    broker = await EmbeddedBroker.start({ host: '127.0.0.1', port: 0, openEnrolment, credentials, log, now: Date.now });
   }
 
   beforeEach(() => start(true));
@@ -155,7 +155,7 @@ describe('embedded broker: enrolment and topic isolation', () => {
       import { createLogger } from './dist/lib/log.js';
       const log = createLogger({ level: 'fatal', pretty: 'never', base: {} });
       const broker = await EmbeddedBroker.start({
-        host: '127.0.0.1', port: 0, openEnrolment: true, credentials: new MemoryCredentials(), log,
+        host: '127.0.0.1', port: 0, openEnrolment: true, credentials: new MemoryCredentials(), log, now: Date.now,
       });
       // The copy of mqtt-packet aedes writes with; its cache is filled on the first packet written when it is on.
       const fromAedes = createRequire(createRequire(import.meta.url).resolve('aedes'));

@@ -42,7 +42,14 @@ describe('enrolment kept across bridge restarts', () => {
   async function start(dataDir: string, openEnrolment = true) {
     const store = new SqliteStore(dataDir);
     const log = createLogger({ level: 'warn', pretty: 'never', base: {}, destination: new LogSink() });
-    const broker = await EmbeddedBroker.start({ host: '127.0.0.1', port: 0, openEnrolment, credentials: store, log });
+    const broker = await EmbeddedBroker.start({
+      host: '127.0.0.1',
+      port: 0,
+      openEnrolment,
+      credentials: store,
+      log,
+      now: Date.now,
+    });
     open.push({ broker, store });
     return { broker, store };
   }
@@ -73,7 +80,7 @@ describe('enrolment kept across bridge restarts', () => {
     const secret = randomBytes(32).toString('hex');
     expect(await connects(broker.url, id, secret)).toBe(true);
     // A second enrolment of the same id (as a race would make) does not replace the secret.
-    store.enroll(id, hashSecret('other'));
+    store.enroll(id, hashSecret('other'), Date.now());
     expect(store.secretHash(id)).toBe(hashSecret(secret));
   });
 });
@@ -194,7 +201,7 @@ describe('secure enrolment by default', () => {
     expect(live.sink.events('broker.enrolled')).toHaveLength(5);
     // A device enrolled before the limit was reached still connects.
     const known = login();
-    live.bridge.store.enroll(known.username, hashSecret(known.password));
+    live.bridge.store.enroll(known.username, hashSecret(known.password), Date.now());
     expect(await admitted(port, known)).toBe(true);
   });
 });

@@ -45,7 +45,7 @@ function mailer(config: Partial<z.input<typeof MailConfigSchema>>): { mailer: Ma
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
   const parsed = MailConfigSchema.parse({ outboxDir: join(tempDir(), 'outbox'), ...config });
-  const m = createMailer(parsed, log);
+  const m = createMailer(parsed, log, Date.now);
   cleanups.push(() => m.close());
   return { mailer: m, sink };
 }

@@ -455,7 +455,7 @@ describe('access to /metrics', () => {
         [join(dataDir, 'missing'), /cannot read the metrics token file/],
       ] as const) {
         const config = BridgeConfigSchema.parse({ dataDir, metrics: { tokenFile: file } });
-        const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+        const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, Date.now);
         expect(() => buildApp({ config, store, hasher: hasherFor(config), mailer, log, checkAnswers: true })).toThrow(
           message,
         );

@@ -290,7 +290,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const store = opts.openStore?.(dataDir) ?? new SqliteStore(dataDir);
   const defaultFrontend = ensureDefaultFrontend(store, clock.now());
   const hasher = opts.hasher ?? hasherFor(config);
-  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log);
+  const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, clock.now);
   const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
   const devices = createDeviceService(config, store, log, clock.now, commands);
   // Every answer of every test is held to the API document: an undocumented one answers 500 `undocumented-answer`.
