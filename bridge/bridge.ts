@@ -230,6 +230,8 @@ class LinkPart implements Part {
           password: o.secrets.mqttPassword,
           ca: o.secrets.mqttCa,
           persistent: true,
+          shareGroup: config.mqtt.shareGroup,
+          sessionExpirySec: config.mqtt.sessionExpirySec,
           log: o.log,
           now: o.now,
           deviceLimits: o.deviceLimits,

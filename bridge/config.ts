@@ -20,6 +20,14 @@ const limit = (limitDefault: number, windowMsDefault: number) =>
     .strict()
     .prefault({});
 
+/** The bridge's client id at an external broker when `mqtt.clientId` is not set. */
+export const DEFAULT_CLIENT_ID = 'devcloud-bridge';
+
+/** A share group's name: one MQTT topic level, without wildcards or `$` (docs/scaling.md). */
+function isShareGroup(value: string): boolean {
+  return !/[/+#$]/.test(value) && !value.includes('\u0000');
+}
+
 /** `scheme://host[:port]` over http or https, nothing after it but an optional slash. */
 function isOrigin(value: string): boolean {
   let url: URL;
@@ -123,7 +131,24 @@ export const BridgeConfigSchema = z
          * External broker: the bridge's client id. Its session is persistent, so that the broker keeps what
          * devices publish while the bridge restarts.
          */
-        clientId: z.string().min(1).max(128).default('devcloud-bridge'),
+        clientId: z.string().min(1).max(128).default(DEFAULT_CLIENT_ID),
+        /**
+         * External broker, several bridges (docs/scaling.md): the MQTT 5 shared subscription group of every bridge
+         * that serves the fleet, so that each message a device publishes on `up/` is handled by one of them. Each
+         * bridge of the group needs a `clientId` of its own. Unset: this bridge alone reads everything.
+         */
+        shareGroup: z
+          .string()
+          .min(1)
+          .max(128)
+          .refine(isShareGroup, { message: 'expected one MQTT topic level, without /, +, # or $' })
+          .optional(),
+        /**
+         * With `shareGroup`: how long the broker keeps the session of a bridge that went away without closing it (a
+         * crash, a lost network), seconds; what its share of the messages was meanwhile reaches it if it is back
+         * in time, and is lost otherwise. A bridge that stops ends its session at once.
+         */
+        sessionExpirySec: z.number().int().min(0).max(604_800).default(60),
         /** External broker: the bridge's username, and a file holding its password (kept out of the config). */
         username: z.string().min(1).optional(),
         passwordFile: z.string().min(1).optional(),
@@ -139,6 +164,25 @@ export const BridgeConfigSchema = z
         enrolPasswordFile: z.string().min(1).optional(),
       })
       .strict()
+      .superRefine((m, ctx) => {
+        if (m.shareGroup === undefined) return;
+        if (m.url === undefined) {
+          ctx.addIssue({
+            code: 'custom',
+            path: ['shareGroup'],
+            message: 'the embedded broker serves one bridge only: a share group needs an external broker (mqtt.url)',
+          });
+        } else if (m.clientId === DEFAULT_CLIENT_ID) {
+          // The broker lets one connection hold a client id: bridges sharing one would take it from each other.
+          ctx.addIssue({
+            code: 'custom',
+            path: ['clientId'],
+            message:
+              `with mqtt.shareGroup each bridge needs a client id of its own, not the default ${DEFAULT_CLIENT_ID}: ` +
+              'set mqtt.clientId (--mqtt-client-id, DEVCLOUD_MQTT_CLIENT_ID) to a name no other bridge uses',
+          });
+        }
+      })
       .prefault({}),
     devices: z
       .object({
@@ -370,6 +414,22 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     kind: 'int',
     arg: 'N',
     help: 'port of the embedded MQTT broker (default 1883)',
+  },
+  {
+    key: 'mqtt.clientId',
+    flag: '--mqtt-client-id',
+    env: 'DEVCLOUD_MQTT_CLIENT_ID',
+    kind: 'string',
+    arg: 'ID',
+    help: 'client id at the external broker (default devcloud-bridge); each bridge of a share group its own',
+  },
+  {
+    key: 'mqtt.shareGroup',
+    flag: '--mqtt-share-group',
+    env: 'DEVCLOUD_MQTT_SHARE_GROUP',
+    kind: 'string',
+    arg: 'NAME',
+    help: 'shared subscription group of several bridges on one external broker (docs/scaling.md)',
   },
   {
     key: 'mqtt.username',

@@ -80,6 +80,13 @@ export interface MqttClientSpec {
   password?: string | undefined;
   /** `true`: a clean session; `false`: persistent, the broker keeps QoS 1 messages for the client while it is away. */
   clean: boolean;
+  /** The MQTT version; mqtt.js's default (3.1.1, `4`) when left out. */
+  protocolVersion?: 4 | 5 | undefined;
+  /**
+   * MQTT 5 only: how long the broker keeps a persistent session after the connection ends, seconds (MQTT 5 ends it
+   * at once when this is left out; MQTT 3.1.1 has no such limit).
+   */
+  sessionExpirySec?: number | undefined;
   keepaliveSec: number;
   connectTimeoutMs: number;
   /** How long mqtt.js waits before it reconnects by itself; `0`: never (the caller reconnects itself, or gives up). */
@@ -109,6 +116,11 @@ export function mqttClientOptions(spec: MqttClientSpec): IClientOptions {
     connectTimeout: spec.connectTimeoutMs,
     reconnectPeriod: spec.reconnectPeriodMs,
   };
+  if (spec.protocolVersion !== undefined) options.protocolVersion = spec.protocolVersion;
+  if (spec.sessionExpirySec !== undefined) {
+    if (spec.protocolVersion !== 5) throw new TypeError('a session expiry needs MQTT 5');
+    options.properties = { sessionExpiryInterval: spec.sessionExpirySec };
+  }
   if (spec.username !== undefined) options.username = spec.username;
   if (spec.password !== undefined) options.password = spec.password;
   if (spec.resubscribe !== undefined) options.resubscribe = spec.resubscribe;

@@ -46,8 +46,12 @@ export function downFilter(deviceId: string): string {
  */
 export const ENROL_TOPIC = `${TOPIC_ROOT}/enrol`;
 
+/** Subscription filter for every device's `up/` topics. */
+export const DEVICES_UP_FILTER = `${TOPIC_ROOT}/+/up/#`;
+/** Subscription filter for every device's `state`. */
+export const DEVICES_STATE_FILTER = `${TOPIC_ROOT}/+/state`;
 /** Subscription filters for what every device publishes (what the cloud subscribes to). */
-export const ALL_DEVICES_UP_FILTERS: readonly string[] = [`${TOPIC_ROOT}/+/up/#`, `${TOPIC_ROOT}/+/state`];
+export const ALL_DEVICES_UP_FILTERS: readonly string[] = [DEVICES_UP_FILTER, DEVICES_STATE_FILTER];
 
 export interface ParsedTopic {
   deviceId: string;

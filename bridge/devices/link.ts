@@ -5,6 +5,9 @@
  *
  * With an external broker the session is persistent (`clean: false`): the broker keeps what devices publish
  * while the bridge restarts. The embedded broker starts and stops with the bridge, so there the session is clean.
+ *
+ * Several bridges on one external broker (`mqtt.shareGroup`, docs/scaling.md) share the devices' `up/` messages
+ * through an MQTT 5 shared subscription, each message going to one of them; each still reads every `state`.
  */
 import { EventEmitter } from 'node:events';
 import type { Socket } from 'node:net';
@@ -16,6 +19,8 @@ import type { DeviceRateLimiter } from './ratelimit.js';
 import { safeUrl } from '../../lib/url.js';
 import {
   ALL_DEVICES_UP_FILTERS,
+  DEVICES_STATE_FILTER,
+  DEVICES_UP_FILTER,
   type DownTopic,
   type Payloads,
   type UpTopic,
@@ -43,6 +48,16 @@ export interface LinkOptions {
   ca?: Buffer | undefined;
   /** Persistent session at the broker. */
   persistent: boolean;
+  /**
+   * Several bridges on one broker (docs/scaling.md): the MQTT 5 shared subscription group they read devices' `up/`
+   * messages through. Undefined: this link alone reads them, over MQTT 3.1.1.
+   */
+  shareGroup?: string | undefined;
+  /**
+   * With `shareGroup` and a persistent session: how long the broker keeps the session after the connection is
+   * lost, seconds. `close()` ends it at once.
+   */
+  sessionExpirySec?: number | undefined;
   log: Logger;
   /** The bridge's clock: the `now` a device that reads it gets with every `down/` payload. */
   now: () => number;
@@ -123,6 +138,22 @@ abstract class LinkBase extends EventEmitter<LinkEvents> {
   }
 }
 
+/**
+ * The filters a link subscribes to. In a share group the `up/` messages, events each of which one bridge must
+ * handle, come through the group; `state` stays a plain subscription of every bridge (docs/scaling.md, "What
+ * happens to `state`"): it is the device's latest presence, retained, which a shared subscription never delivers
+ * on subscribe, and every bridge that reads every change in order ends at the device's latest one.
+ */
+export function linkFilters(shareGroup: string | undefined): string[] {
+  if (shareGroup === undefined) return [...ALL_DEVICES_UP_FILTERS];
+  return [`$share/${shareGroup}/${DEVICES_UP_FILTER}`, DEVICES_STATE_FILTER];
+}
+
+/** MQTT 5's DISCONNECT reason when another connection took the client id. */
+const SESSION_TAKEN_OVER = 0x8e;
+/** Closes by the broker, each soon after the connect, that mean another client with the same id (below). */
+const FLAPS = { count: 3, withinMs: 60_000, soonMs: 10_000 };
+
 const yielding = new WeakSet<object>();
 
 /** What {@link yieldBetweenReads} reaches of a TCP socket's handle (libuv's read start and stop). */
@@ -167,6 +198,9 @@ export type Link = LinkBase;
 export class DeviceLink extends LinkBase {
   private client: MqttClient | undefined;
   private isUp = false;
+  /** When each connection the broker closed soon had been made, within the last minute; and the last report. */
+  private closedByBroker: number[] = [];
+  private lastTakenOver = -Infinity;
 
   constructor(private readonly opts: LinkOptions) {
     super(opts.log, opts.now, opts.deviceLimits);
@@ -179,11 +213,16 @@ export class DeviceLink extends LinkBase {
   /** Connects; resolves at the first subscription, or rejects when `timeoutMs` passes first. */
   start(timeoutMs: number): Promise<void> {
     const o = this.opts;
+    const shared = o.shareGroup !== undefined;
+    const filters = linkFilters(o.shareGroup);
     const options = mqttClientOptions({
       clientId: o.clientId,
       username: o.username,
       password: o.password,
       clean: !o.persistent,
+      // Shared subscriptions are MQTT 5's; so is the session expiry that lets the group take a lost bridge's share.
+      protocolVersion: shared ? 5 : undefined,
+      sessionExpirySec: shared && o.persistent ? (o.sessionExpirySec ?? 0) : undefined,
       keepaliveSec: 30,
       connectTimeoutMs: 10_000,
       // mqtt.js reconnects the bridge every second, and subscribes again (docs/protocol.md, "The cloud side").
@@ -203,30 +242,85 @@ export class DeviceLink extends LinkBase {
         resolve();
       });
     });
+    // When the current connection was made; and when the one before it was, if the broker closed it soon after.
+    let connectedAt: number | undefined;
+    let closedSoon: number | undefined;
     client.on('connect', (connack) => {
+      const now = o.now();
+      // Closed by the broker soon after the connect, with no error, and straight back in: another client with the
+      // same id takes it over each time this one connects (Mosquitto before 2.0.15 does so without a word to an
+      // MQTT 5 client). A broker that restarts makes the reconnect fail first.
+      if (closedSoon !== undefined) this.closedSoon(closedSoon, now);
+      closedSoon = undefined;
+      connectedAt = now;
       const stream = client.stream as Partial<Socket> | undefined;
       stream?.setNoDelay?.(true);
       yieldBetweenReads(stream);
+      // A session this client id had before it joined the group would still read every `up/` message.
+      if (shared && connack.sessionPresent) client.unsubscribe(DEVICES_UP_FILTER);
       // A persistent session keeps its subscriptions; subscribing again is harmless and covers a broker that lost it.
-      client.subscribe([...ALL_DEVICES_UP_FILTERS], { qos: 1 }, (err, granted) => {
-        if (err || granted?.some((g) => g.qos === 128)) {
+      client.subscribe(filters, { qos: 1 }, (err, granted) => {
+        // 128 and above: refused (MQTT 3.1.1 says 128; MQTT 5 gives the reason, e.g. 135, not authorized).
+        if (err || granted?.some((g) => g.qos >= 128)) {
           o.log.error({ event: 'mqtt.subscribe_failed', url: where, err: err?.message ?? 'refused by the broker' });
           return;
         }
         this.isUp = true;
-        o.log.info({ event: 'mqtt.connected', url: where, sessionPresent: connack.sessionPresent });
+        o.log.info({
+          event: 'mqtt.connected',
+          url: where,
+          sessionPresent: connack.sessionPresent,
+          ...(shared ? { clientId: o.clientId, shareGroup: o.shareGroup } : {}),
+        });
         this.emit('up');
       });
     });
     client.on('message', (topic, payload) => this.onMessage(topic, payload));
-    client.on('error', (err) => o.log.warn({ event: 'mqtt.error', url: where, err: err.message }));
+    client.on('error', (err) => {
+      connectedAt = undefined;
+      closedSoon = undefined;
+      o.log.warn({ event: 'mqtt.error', url: where, err: err.message });
+    });
+    client.on('disconnect', (packet) => {
+      if (packet.reasonCode === SESSION_TAKEN_OVER) this.takenOver('the broker says another client took the id');
+    });
     client.on('close', () => {
+      if (connectedAt !== undefined && this.client === client && o.now() - connectedAt < FLAPS.soonMs) {
+        closedSoon = connectedAt;
+      }
+      connectedAt = undefined;
       if (!this.isUp) return;
       this.isUp = false;
       o.log.warn({ event: 'mqtt.disconnected', url: where });
       this.emit('down');
     });
     return ready;
+  }
+
+  /**
+   * Counts a connection the broker closed soon after it was made, once the next one is made; the third within a
+   * minute is reported.
+   */
+  private closedSoon(connectedAt: number, now: number): void {
+    this.closedByBroker = [...this.closedByBroker.filter((t) => now - t < FLAPS.withinMs), connectedAt];
+    if (this.closedByBroker.length < FLAPS.count) return;
+    this.closedByBroker = [];
+    this.takenOver(
+      `the broker closed the connection ${FLAPS.count} times within a minute, each soon after it was made`,
+    );
+  }
+
+  /** Another client holds the link's client id: said once a minute at most. */
+  private takenOver(reason: string): void {
+    const now = this.opts.now();
+    if (now - this.lastTakenOver < FLAPS.withinMs) return;
+    this.lastTakenOver = now;
+    this.opts.log.error({
+      event: 'mqtt.taken_over',
+      url: safeUrl(this.opts.url),
+      clientId: this.opts.clientId,
+      reason,
+    });
   }
 
   /** Publishes at QoS 1; `false` when not connected (what was to be sent is in the store, and goes at catch-up). */
@@ -246,8 +340,11 @@ export class DeviceLink extends LinkBase {
     this.client = undefined;
     this.isUp = false;
     if (!client) return;
+    // In a share group the session ends with the connection: the group's other bridges get this one's share of the
+    // messages from the next one on, instead of the broker keeping it for a bridge that may not come back.
+    const leave = this.opts.shareGroup !== undefined ? { properties: { sessionExpiryInterval: 0 } } : {};
     await new Promise<void>((resolve) => {
-      client.end(false, {}, () => resolve());
+      client.end(false, leave, () => resolve());
       setTimeout(resolve, 1000).unref();
     });
     client.removeAllListeners();

@@ -4,8 +4,8 @@
  * `mosquitto_ctrl dynsec init`); with it the bridge
  *
  * - sets up what it needs at every connect: the default ACL access (everything denied but unsubscribing), its
- *   own role (`devcloud-bridge`: publish to every device's `down/`, read everything a device publishes), and
- *   the enrolment client when open enrolment is on;
+ *   own role (`devcloud-bridge`: publish to every device's `down/`, read everything a device publishes, also
+ *   through a shared subscription), and the enrolment client when open enrolment is on;
  * - makes one client per device (username the device id, password the device secret, client id fixed to the
  *   device id, so that a device's login cannot take another client's id), with a role of its own that allows
  *   only its own topics; it is made when the secret is known: at provisioning and at enrolment, since the
@@ -50,9 +50,12 @@ export function deviceAcls(deviceId: string): Acl[] {
   ];
 }
 
-const BRIDGE_ACLS: Acl[] = [
+export const BRIDGE_ACLS: readonly Acl[] = [
   { acltype: 'publishClientSend', topic: `${TOPIC_ROOT}/+/down/#`, allow: true },
   { acltype: 'subscribePattern', topic: `${TOPIC_ROOT}/#`, allow: true },
+  // Mosquitto checks a subscription against the filter as sent, `$share/<group>/` and all (docs/scaling.md); what
+  // it delivers is checked against the message's topic, as for any subscription.
+  { acltype: 'subscribePattern', topic: `$share/+/${TOPIC_ROOT}/#`, allow: true },
   { acltype: 'publishClientReceive', topic: `${TOPIC_ROOT}/#`, allow: true },
 ];
 
@@ -84,6 +87,8 @@ export interface DynsecOptions {
   ca?: Buffer | undefined;
   /** A client id of its own, next to the bridge's data connection. */
   clientId: string;
+  /** The bridges' share group (docs/scaling.md): each enrolment request goes to one bridge of the group. */
+  shareGroup?: string | undefined;
   log: Logger;
   /** How long a command waits for its answer. */
   timeoutMs?: number;
@@ -143,7 +148,7 @@ export class Dynsec {
       client.on('connect', () => {
         void (async () => {
           try {
-            const topics = this.enrolHandler ? [DYNSEC_RESPONSE_TOPIC, ENROL_TOPIC] : [DYNSEC_RESPONSE_TOPIC];
+            const topics = this.enrolHandler ? [DYNSEC_RESPONSE_TOPIC, this.enrolFilter] : [DYNSEC_RESPONSE_TOPIC];
             const granted = await client.subscribeAsync(topics, { qos: 1 });
             if (granted.some((g) => g.qos === 128)) throw new DynsecError('the broker refused the subscription');
             await onConnect?.(this);
@@ -171,10 +176,16 @@ export class Dynsec {
     return this.client.connected;
   }
 
+  /** Where enrolment requests are read: through the share group when there is one. */
+  private get enrolFilter(): string {
+    const group = this.opts.shareGroup;
+    return group === undefined ? ENROL_TOPIC : `$share/${group}/${ENROL_TOPIC}`;
+  }
+
   /** Reads enrolment requests; subscribes to them now, and again at every reconnect. */
   async onEnrol(handler: (req: EnrolRequest) => void): Promise<void> {
     this.enrolHandler = handler;
-    await this.client.subscribeAsync(ENROL_TOPIC, { qos: 1 });
+    await this.client.subscribeAsync(this.enrolFilter, { qos: 1 });
   }
 
   /** Sends one command; resolves to the plugin's error text, `undefined` when it succeeded. */
@@ -209,7 +220,7 @@ export class Dynsec {
   }
 
   /** Makes a role with its ACLs, or completes the one that exists. */
-  private async ensureRole(rolename: string, acls: Acl[]): Promise<void> {
+  private async ensureRole(rolename: string, acls: readonly Acl[]): Promise<void> {
     await this.must({ command: 'createRole', rolename }, /exists/i);
     for (const acl of acls) await this.must({ command: 'addRoleACL', rolename, ...acl }, /exists/i);
   }

@@ -75,6 +75,7 @@ export function startManagedBroker(opts: {
       password: opts.password,
       ca: opts.ca,
       clientId: `${m.clientId}-dynsec`,
+      shareGroup: m.shareGroup,
       reconnect: true,
       log,
     },

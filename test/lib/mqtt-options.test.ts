@@ -141,6 +141,37 @@ describe('mqttClientOptions', () => {
       });
     });
 
+    it("the bridge's link in a share group: MQTT 5, and a persistent session that expires", () => {
+      const o = mqttClientOptions({
+        clientId: 'bridge-1',
+        clean: false,
+        protocolVersion: 5,
+        sessionExpirySec: 60,
+        keepaliveSec: 30,
+        connectTimeoutMs: 10_000,
+        reconnectPeriodMs: 1000,
+        resubscribe: true,
+        lean: true,
+      });
+      expect(o).toStrictEqual({
+        clientId: 'bridge-1',
+        clean: false,
+        protocolVersion: 5,
+        properties: { sessionExpiryInterval: 60 },
+        keepalive: 30,
+        connectTimeout: 10_000,
+        reconnectPeriod: 1000,
+        resubscribe: true,
+        queueQoSZero: false,
+        writeCache: false,
+      });
+      // MQTT 3.1.1 has no session expiry: asking for one there is a mistake of the caller.
+      expect(() => mqttClientOptions({ ...BASE, sessionExpirySec: 60 })).toThrow(/MQTT 5/);
+      expect(mqttClientOptions({ ...BASE, protocolVersion: undefined, sessionExpirySec: undefined })).toStrictEqual(
+        mqttClientOptions(BASE),
+      );
+    });
+
     it("dynamic security: clean, mqtt.js's queue and cache, no TLS check setting of its own", () => {
       const o = mqttClientOptions({
         clientId: 'devcloud-bridge-dynsec',

@@ -177,6 +177,48 @@ export async function startSecureMosquitto(opts: SecureMosquittoOptions): Promis
   return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)), bridgePasswordFile };
 }
 
+export interface DynsecMosquitto extends TestBroker {
+  kind: 'mosquitto';
+  /** The plugin's admin, made with `mosquitto_ctrl dynsec init`. */
+  admin: MqttLogin;
+}
+
+/** Mosquitto's dynamic security plugin, where Debian's package puts it on this machine's architecture. */
+function dynsecPlugin(): string {
+  const listed = execFileSync('dpkg', ['-L', 'mosquitto'], { encoding: 'utf8' });
+  const path = listed.split('\n').find((l) => l.endsWith('/mosquitto_dynamic_security.so'));
+  if (!path) throw new Error('the mosquitto package has no mosquitto_dynamic_security.so');
+  return path;
+}
+
+/**
+ * A private Mosquitto with the dynamic security plugin and no anonymous clients: every login and ACL is the
+ * plugin's, `admin` its admin (`mosquitto_ctrl dynsec init`), as in production but without TLS (the production
+ * config itself runs in test/bridge/mosquitto-dynsec.test.ts). Needs `mosquitto`, `mosquitto_ctrl` and `dpkg`.
+ */
+export async function startDynsecMosquitto(admin: MqttLogin): Promise<DynsecMosquitto> {
+  const dir = mkdtempSync(join(tmpdir(), 'devcloud-mosq-dynsec-'));
+  const port = await freePort();
+  const file = join(dir, 'dynamic-security.json');
+  execFileSync(which('mosquitto_ctrl') ?? 'mosquitto_ctrl', ['dynsec', 'init', file, admin.username, admin.password], {
+    stdio: 'pipe',
+  });
+  const conf = join(dir, 'mosquitto.conf');
+  writeFileSync(
+    conf,
+    mosquittoConf(port, [
+      'per_listener_settings false',
+      'allow_anonymous false',
+      `plugin ${dynsecPlugin()}`,
+      `plugin_opt_config_file ${file}`,
+    ]),
+  );
+  // Started as root, Mosquitto drops to its own user, which must write the plugin's file.
+  if (process.getuid?.() === 0) execFileSync('chown', ['-R', 'mosquitto:', dir]);
+  else chmodSync(dir, 0o755);
+  return { kind: 'mosquitto', ...(await runMosquitto(dir, conf, port)), admin };
+}
+
 /** A Mosquitto config: a listener on 127.0.0.1, no persistence, errors only, and the given lines. */
 function mosquittoConf(port: number, lines: string[]): string {
   return [
