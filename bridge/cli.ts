@@ -1,5 +1,6 @@
 /**
- * `devcloud-bridge`: runs the cloud side (bridge/bridge.ts), and manages frontends, firmware and device clients.
+ * `devcloud-bridge`: runs the cloud side (bridge/bridge.ts), manages frontends, firmware and device clients, and
+ * migrates a PostgreSQL database (docs/scaling.md).
  *
  * Exit codes: 0 success; 1 the operation failed; 2 usage or configuration error.
  */
@@ -13,6 +14,8 @@ import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } fr
 import { frontendCommand } from './frontends/cli.js';
 import { provisionDevices, setDeviceEnabled } from './mqtt/manage.js';
 import { PartError } from './part.js';
+import { migratePostgres } from './store/postgres/migrate.js';
+import { openPostgres } from './store/postgres/pool.js';
 import { SqliteStore } from './store/sqlite.js';
 
 const USAGE = `devcloud-bridge ${VERSION}: the devcloud cloud side
@@ -26,11 +29,13 @@ Usage:
 ${FIRMWARE_USAGE}
   devcloud-bridge device provision [--count N] [--out DIR]
   devcloud-bridge device enable|disable ID            (mqtt.dynsec: the device's broker client)
+  devcloud-bridge migrate [--database-url URL] [--json]
+                                                      bring the PostgreSQL database to this program's schema
 
 Options:
 ${formatOptions(BRIDGE_OPTIONS)}
   --name NAME            name of a new frontend (frontend create) or image (firmware add)
-  --json                 print JSON (frontend and firmware commands)
+  --json                 print JSON (frontend, firmware and migrate commands)
   --out DIR              where firmware keygen writes signing.key and signing.pub, and device provision
                          the provisioning files (default: the current directory)
   --count N              how many devices device provision makes (default 1)
@@ -103,6 +108,16 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
     io.err('Run devcloud-bridge --help for the options.');
     return 2;
   }
+  if (config.database.url !== undefined && opensStore(command, params)) {
+    io.err(
+      command === 'run'
+        ? 'devcloud-bridge: database.url is set, but the PostgreSQL store is not yet served by run (only migrate ' +
+            'uses it; docs/scaling.md): unset database.url to run on SQLite in dataDir'
+        : `devcloud-bridge: database.url is set, but ${command} ${params[0]} works only on SQLite in dataDir so far ` +
+            '(only migrate uses PostgreSQL; docs/scaling.md): unset database.url',
+    );
+    return 2;
+  }
   switch (command) {
     case 'run':
       if (params.length > 0) {
@@ -116,9 +131,69 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       return firmwareCommand(config, params, { json, name, flags: fwFlags }, io);
     case 'device':
       return deviceCommand(config, params, { count: Number(count ?? 1), outDir: fwFlags['--out'] ?? '.' }, io);
+    case 'migrate':
+      return migrateCommand(config, params, json, io);
     default:
       io.err(`devcloud-bridge: unknown command ${command}; run devcloud-bridge --help`);
       return 2;
+  }
+}
+
+/**
+ * Whether a command works on the bridge's store, which is SQLite in `dataDir` whatever `database.url` says until the
+ * store on PostgreSQL is built (docs/scaling.md): such a command refuses to run with `database.url` set.
+ */
+function opensStore(command: string, params: string[]): boolean {
+  const sub = params[0] ?? '';
+  switch (command) {
+    case 'run':
+      return true;
+    case 'frontend':
+      return ['create', 'list', 'set'].includes(sub);
+    case 'firmware':
+      return ['add', 'list'].includes(sub);
+    case 'device':
+      return sub === 'provision';
+    default:
+      return false;
+  }
+}
+
+/** `devcloud-bridge migrate`: applies the PostgreSQL migrations to `database.url`, and says the versions. */
+async function migrateCommand(config: BridgeConfig, params: string[], json: boolean, io: Io): Promise<number> {
+  if (params.length > 0) {
+    io.err(`devcloud-bridge: migrate takes no arguments, not ${params[0]}`);
+    return 2;
+  }
+  const url = config.database.url;
+  if (url === undefined) {
+    io.err('devcloud-bridge: migrate needs database.url: --database-url URL, DEVCLOUD_DATABASE_URL or the config file');
+    return 2;
+  }
+  // Stdout carries the versions; the log goes to stderr, warnings and worse unless more is asked.
+  const log = createLogger({
+    level: config.log.level === 'info' ? 'warn' : config.log.level,
+    pretty: 'never',
+    base: { service: 'devcloud-bridge' },
+    destination: process.stderr,
+  });
+  try {
+    const pool = await openPostgres(url, log, { poolSize: config.database.poolSize });
+    try {
+      const { before, after } = await migratePostgres(pool, { log });
+      if (json) io.out(JSON.stringify({ url: safeUrl(url), before, after }));
+      else {
+        const applied = after - before;
+        const what = applied === 0 ? 'up to date' : `${applied} migration${applied === 1 ? '' : 's'} applied`;
+        io.out(`${safeUrl(url)}: schema version ${before} -> ${after} (${what})`);
+      }
+      return 0;
+    } finally {
+      await pool.end();
+    }
+  } catch (err) {
+    io.err(`devcloud-bridge: ${err instanceof Error ? err.message : String(err)}`);
+    return 1;
   }
 }
 

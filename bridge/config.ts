@@ -40,10 +40,42 @@ function isOrigin(value: string): boolean {
   return value.replace(/\/$/, '').toLowerCase() === url.origin;
 }
 
+/** A PostgreSQL connection URL: `postgres://` or `postgresql://`, then what libpq and node-postgres read after it. */
+export function isPostgresUrl(value: string): boolean {
+  if (!/^postgres(ql)?:\/\//.test(value)) return false;
+  try {
+    new URL(value);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 export const BridgeConfigSchema = z
   .object({
     /** Database and outbox. */
     dataDir: z.string().min(1),
+    /**
+     * A PostgreSQL database instead of SQLite in `dataDir` (docs/scaling.md). Only `devcloud-bridge migrate` uses it
+     * so far: the commands that work on the bridge's data refuse to start while it is set.
+     */
+    database: z
+      .object({
+        /**
+         * `postgres://USER@HOST:PORT/DATABASE`; the password may be in it or in `PGPASSWORD`. Never logged with its
+         * user or password.
+         */
+        url: z
+          .string()
+          .refine(isPostgresUrl, {
+            message: 'expected a postgres:// or postgresql:// URL, e.g. postgres://devcloud@db.example.com/devcloud',
+          })
+          .optional(),
+        /** Connections to PostgreSQL the bridge opens at most. */
+        poolSize: z.number().int().min(1).max(1000).default(10),
+      })
+      .strict()
+      .prefault({}),
     /** Address the HTTP and MQTT listeners bind. */
     host: z.string().min(1).default('127.0.0.1'),
     http: z
@@ -342,6 +374,14 @@ export const BRIDGE_OPTIONS: readonly OptionSpec[] = [
     kind: 'string',
     arg: 'DIR',
     help: 'database and mail outbox',
+  },
+  {
+    key: 'database.url',
+    flag: '--database-url',
+    env: 'DEVCLOUD_DATABASE_URL',
+    kind: 'string',
+    arg: 'URL',
+    help: 'PostgreSQL database, postgres://...; only migrate uses it so far',
   },
   {
     key: 'host',

@@ -44,6 +44,7 @@ describe('config/bridge.example.yaml', () => {
     expect(c.http.certFile).toBeDefined();
     expect(c.http.keyFile).toBeDefined();
     expect(c.http.publicUrl).toBeDefined();
+    expect(c.database.url).toBeDefined();
     expect(c.mqtt.url).toBeDefined();
     expect(c.mqtt.username).toBeDefined();
     expect(c.mqtt.passwordFile).toBeDefined();

@@ -8,8 +8,9 @@
  *
  * When something is missing, one line on stderr names it and the `apt-get install` that brings it, and those tests
  * are skipped; under `CI=true` the file fails instead, so that CI never passes by skipping. What only trying shows
- * (a tmpfs mount, a network namespace) goes through {@link skipOrFail}. README.md's test line lists the packages
- * that give the full suite; `.ci/run` installs them.
+ * (a tmpfs mount, a network namespace) goes through {@link skipOrFail}, and so does a PostgreSQL server that does not
+ * answer (test/support/postgres.ts). README.md's test line lists the packages that give the full suite; `.ci/run`
+ * installs them.
  */
 import { accessSync, constants, existsSync, readdirSync } from 'node:fs';
 import { delimiter, join, relative } from 'node:path';
