@@ -3,18 +3,20 @@
  * with a subscriber inside it that answers devices as the bridge does on the wire and does nothing else: a hello
  * that asks for the clock gets a `down/vars` with `now`, an `up/vars` gets a `down/acks` naming every item. No
  * authentication, no validation, no database: what the simulator, the sockets and the broker cost by themselves.
+ * aedes is set up as the bridge sets it up (bridge/broker.ts): its retained messages by topic level, no table of
+ * packet-id buffers.
  */
 import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
 import { Aedes, type AedesPublishPacket } from 'aedes';
+import { indexedMemoryPersistence } from '../../bridge/retained.js';
 
-// As the bridge's embedded broker does (bridge/broker.ts): no table of packet-id buffers.
 const aedesEntry = createRequire(import.meta.url).resolve('aedes');
 const writer = createRequire(aedesEntry)('mqtt-packet') as { writeToStream?: { cacheNumbers?: boolean } };
 if (writer.writeToStream) writer.writeToStream.cacheNumbers = false;
 
 const port = Number(process.argv[2]);
-const broker = await Aedes.createBroker({ id: 'fleet-echo' });
+const broker = await Aedes.createBroker({ id: 'fleet-echo', persistence: indexedMemoryPersistence() });
 let seq = 0;
 
 function send(deviceId: string, name: string, payload: object): void {
