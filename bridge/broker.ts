@@ -26,6 +26,7 @@ import { ENROL_TOPIC, MAX_PACKET_BYTES, TOPIC_ROOT, isDeviceId, parseTopic } fro
 import { RateLimiter } from './accounts/ratelimit.js';
 import type { DeviceRateLimiter } from './devices/ratelimit.js';
 import { EnrolRequest } from './mqtt/dynsec.js';
+import { indexedMemoryPersistence } from './retained.js';
 
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
 export interface DeviceCredentials {
@@ -203,7 +204,8 @@ export class EmbeddedBroker {
 
   static async start(opts: EmbeddedBrokerOptions): Promise<EmbeddedBroker> {
     skipPacketIdCache();
-    const aedes = await Aedes.createBroker({ id: 'devcloud-bridge' });
+    // Retained messages by topic level: a device's subscription does not scan every device's `state` (retained.ts).
+    const aedes = await Aedes.createBroker({ id: 'devcloud-bridge', persistence: indexedMemoryPersistence() });
     const broker = new EmbeddedBroker(aedes, opts);
     broker.install();
     await broker.listen();

@@ -1,0 +1,771 @@
+/**
+ * `npm run bench -- fleet`: a fleet of simulated devices against the cloud. Devices speak `protocol/` from child
+ * processes that hold many connections each (support/fleet-sim.ts); the cloud is one of the deployments of
+ * `--scenario`:
+ *
+ * - `a`: one bridge as the service runs it (a child process from `dist/`) with SQLite and its embedded broker;
+ * - `b`: one bridge with PostgreSQL and Mosquitto, and `c`: two bridges with PostgreSQL and Mosquitto: not built
+ *   yet (they need the PostgreSQL store).
+ *
+ * Every figure is taken against the baseline in the same run: the same simulator against a bare aedes broker
+ * that answers hellos and pushes as the bridge does on the wire, with no work behind (support/fleet-echo-main.ts).
+ * See bench/README.md.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { spawn } from 'node:child_process';
+import { PasswordHasher } from '../bridge/accounts/password.js';
+import { hashSecret } from '../bridge/broker.js';
+import { SqliteStore } from '../bridge/store/sqlite.js';
+import { ProductConfig } from '../bridge/store/types.js';
+import { freePort } from '../test/support/brokers.js';
+import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
+import { type Cleanup, UsageError } from './support/cleanup.js';
+import { type ConnectReport, type PushReport, type SimDevice, SimFleet } from './support/fleet-sim.js';
+import { type ProbeRun, cookieOf, probe, send } from './support/http-load.js';
+import { ROOT, canConnect, readCpuMs, readRss, stopChild } from './support/processes.js';
+import { type Row, formatTable, percentile, round } from './support/report.js';
+
+const TARGET = {
+  /** 10,000 devices connected in at most 10 s. */
+  connectsPerSec: 1000,
+  /** push → ack p99 at the steady rate, ms. */
+  pushP99Ms: 50,
+  /** `GET /0/devices/<id>` p99 while the fleet pushes, ms. */
+  restP99Ms: 20,
+  /** Bridge memory per idle connected device, bytes. */
+  bytesPerDevice: 10 * 1024,
+  /** The step search looks for the highest rate whose p99 stays under this, ms. */
+  searchP99Ms: 100,
+};
+const LOGIN = 'fleet-owner@example.com';
+const PASSWORD = 'bench-password-1';
+/** A cheap scrypt for the one login: the figures are about devices (`accounts.scryptLogN` in the config). */
+const SCRYPT = { logN: 10, r: 8, p: 1 };
+/** The agent's default keepalive (agent/config.ts). */
+const KEEPALIVE_SEC = 30;
+const SETUP_TIMEOUT_MS = 30_000;
+/** What the simulator's hello reports, and so what a known device's `meta` already holds. */
+const HELLO_META = { platform: 'linux-arm64', fwversion: '2.4.1', agentversion: '0.1.0' };
+
+type Scenario = 'a' | 'b' | 'c';
+
+const SCENARIOS: Record<Scenario, string> = {
+  a: 'one bridge, SQLite, its embedded broker',
+  b: 'one bridge, PostgreSQL, Mosquitto',
+  c: 'two bridges, PostgreSQL, Mosquitto',
+};
+
+interface Options {
+  scenario: Scenario;
+  devices: number;
+  rate: number;
+  durationS: number;
+  warmupS: number;
+  stepS: number;
+  searchFrom: number;
+  searchMax: number;
+  search: boolean;
+  baseline: boolean;
+  probeRate: number;
+  settleS: number;
+  simProcs: number;
+  connectWindow: number;
+  own: number;
+  logLevel: string;
+  tmp: string;
+  source: boolean;
+  cpuProf: boolean;
+  nodeArgs: string[];
+}
+
+const USAGE = `options:
+  --scenario a|b|c      a: one bridge, SQLite, embedded broker (default); b: one bridge, PostgreSQL, Mosquitto;
+                        c: two bridges, PostgreSQL, Mosquitto (b and c are not built yet)
+  --devices N           simulated devices (default 10000)
+  --rate N              pushes per second, all devices together, in the steady phase (default 1000)
+  --duration S          measured seconds of the steady phase (default 10)
+  --warmup S            unmeasured seconds before it (default 2)
+  --step-s S            measured seconds of each step of the rate search (default 4)
+  --search-from N       the search's first rate (default 500); each step is 1.5 times the last
+  --search-max N        the search's highest rate (default 8000)
+  --no-search           skip the rate search
+  --no-baseline         skip the bare broker (for profiling runs)
+  --probe-rate N        GET /0/devices/<id> per second while measuring its latency (default 50)
+  --settle-s S          idle seconds after connecting, before memory is read (default 5)
+  --sim-procs N         simulator processes (default 2)
+  --connect-window N    connection attempts in flight, in all (default 500)
+  --own N               devices the REST user owns (default 10)
+  --log-level LEVEL     the bridge's log level (default info, as the service runs)
+  --tmp DIR             where the bridge's database goes (default the system's temp folder)
+  --source              run the bridge from TypeScript through tsx instead of dist/
+  --cpu-prof            write a V8 CPU profile of the bridge to .bench/profiles/
+  --node-arg=ARG        pass ARG to node when starting the bridge (repeatable)`;
+
+function parseOptions(args: string[]): Options {
+  let v;
+  try {
+    v = parseArgs({
+      args,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        scenario: { type: 'string', default: 'a' },
+        devices: { type: 'string', default: '10000' },
+        rate: { type: 'string', default: '1000' },
+        duration: { type: 'string', default: '10' },
+        warmup: { type: 'string', default: '2' },
+        'step-s': { type: 'string', default: '4' },
+        'search-from': { type: 'string', default: '500' },
+        'search-max': { type: 'string', default: '8000' },
+        'no-search': { type: 'boolean', default: false },
+        'no-baseline': { type: 'boolean', default: false },
+        'probe-rate': { type: 'string', default: '50' },
+        'settle-s': { type: 'string', default: '5' },
+        'sim-procs': { type: 'string', default: '2' },
+        'connect-window': { type: 'string', default: '500' },
+        own: { type: 'string', default: '10' },
+        'log-level': { type: 'string', default: 'info' },
+        tmp: { type: 'string' },
+        source: { type: 'boolean', default: false },
+        'cpu-prof': { type: 'boolean', default: false },
+        'node-arg': { type: 'string', multiple: true, default: [] },
+      },
+    }).values;
+  } catch (err) {
+    throw new UsageError(`${(err as Error).message}\n${USAGE}`);
+  }
+  const int = (key: string, text: string, min: number) => {
+    const n = Number(text);
+    if (!Number.isInteger(n) || n < min)
+      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
+    return n;
+  };
+  const scenario = v.scenario;
+  if (scenario !== 'a' && scenario !== 'b' && scenario !== 'c') throw new UsageError(`--scenario a|b|c\n${USAGE}`);
+  if (!['fatal', 'error', 'warn', 'info', 'debug', 'trace'].includes(v['log-level'])) {
+    throw new UsageError(`--log-level fatal|error|warn|info|debug|trace\n${USAGE}`);
+  }
+  const opts: Options = {
+    scenario,
+    devices: int('devices', v.devices, 1),
+    rate: int('rate', v.rate, 1),
+    durationS: int('duration', v.duration, 1),
+    warmupS: int('warmup', v.warmup, 0),
+    stepS: int('step-s', v['step-s'], 1),
+    searchFrom: int('search-from', v['search-from'], 1),
+    searchMax: int('search-max', v['search-max'], 1),
+    search: !v['no-search'],
+    baseline: !v['no-baseline'],
+    probeRate: int('probe-rate', v['probe-rate'], 1),
+    settleS: int('settle-s', v['settle-s'], 0),
+    simProcs: int('sim-procs', v['sim-procs'], 1),
+    connectWindow: int('connect-window', v['connect-window'], 1),
+    own: int('own', v.own, 1),
+    logLevel: v['log-level'],
+    tmp: v.tmp ?? tmpdir(),
+    source: v.source,
+    cpuProf: v['cpu-prof'],
+    nodeArgs: v['node-arg'],
+  };
+  if (opts.own > opts.devices) throw new UsageError(`--own must not exceed --devices\n${USAGE}`);
+  return opts;
+}
+
+// ---- the fleet and the database ----
+
+function makeFleet(n: number): SimDevice[] {
+  return Array.from({ length: n }, () => ({
+    id: randomUUID(),
+    secret: randomBytes(32).toString('hex'),
+    authcode: randomBytes(16).toString('hex'),
+  }));
+}
+
+/**
+ * The bridge's database before it starts, through its own store: the default frontend, the user whose REST
+ * requests are measured (owner of the first `own` devices), and every device provisioned with its secret and
+ * auth code and with the `meta` a device has after its first hello, marked disconnected: the fleet reconnects,
+ * as after an outage or a restart of the bridge. The config file sets a cheap scrypt for the one login.
+ */
+async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: number): Promise<number> {
+  const t0 = performance.now();
+  mkdirSync(dataDir, { recursive: true });
+  writeFileSync(join(dataDir, 'bridge.yaml'), `accounts:\n  scryptLogN: ${SCRYPT.logN}\n`);
+  const hasher = new PasswordHasher({ params: SCRYPT, maxConcurrent: 1, maxQueued: 0 });
+  const passwordHash = await hasher.hash(PASSWORD);
+  const store = new SqliteStore(dataDir);
+  try {
+    const now = Date.now();
+    const frontend = {
+      id: randomUUID(),
+      name: 'default',
+      config: ProductConfig.parse({}),
+      isDefault: true,
+      createdAt: now,
+    };
+    store.createFrontend(frontend);
+    const user = await store.write(() =>
+      store.createUser({
+        frontendId: frontend.id,
+        login: LOGIN,
+        passwordHash,
+        authcode: randomBytes(16).toString('hex'),
+        now,
+      }),
+    );
+    if (!user) throw new Error('could not create the user');
+    await store.write(() => {
+      const devices = store.devices;
+      fleet.forEach((d, i) => {
+        const t = now - 60_000;
+        devices.enroll(d.id, hashSecret(d.secret), t);
+        devices.setAuthcode(d.id, d.authcode);
+        if (i < own) devices.claim(d.id, user.id, t + i);
+        devices.setMeta(d.id, 'unique', d.id, t, 'device');
+        devices.setMeta(d.id, 'platform', HELLO_META.platform, t, 'device');
+        devices.setMeta(d.id, 'fwversion', HELLO_META.fwversion, t, 'device');
+        devices.setMeta(d.id, 'agentversion', HELLO_META.agentversion, t, 'device');
+        for (const [name, value] of [
+          ['fwstate', 'idle'],
+          ['fwprogress', '0'],
+          ['fwname', ''],
+          ['fwerror', ''],
+          ['fwerrorcode', ''],
+        ] as const) {
+          devices.setMeta(d.id, name, value, t, 'server');
+        }
+        devices.setMeta(d.id, 'state', 'disconnected', t + 1, 'server');
+        devices.setMeta(d.id, 'lastactivity', String(t), t, 'server', false);
+      });
+    });
+  } finally {
+    store.close();
+  }
+  return performance.now() - t0;
+}
+
+// ---- deployments ----
+
+/** What the simulator runs against: where devices connect, the REST API, and the processes measured. */
+interface Deployment {
+  label: string;
+  mqtt: Array<{ host: string; port: number }>;
+  /** Base URLs of the bridges; none for the baseline. */
+  http: string[];
+  /** The processes whose CPU and memory are the figures: the bridges (and brokers, when apart). */
+  pids: number[];
+  /** The tail of what the bridges logged, for a failure. */
+  output(): string;
+  stop(): Promise<void>;
+}
+
+function endpointOf(url: string): { host: string; port: number } {
+  const u = new URL(url);
+  return { host: u.hostname, port: Number(u.port) };
+}
+
+/** The baseline: aedes in a process of its own, answering hellos and pushes with no work behind. */
+async function startEcho(cleanup: Cleanup): Promise<Deployment> {
+  const port = await freePort();
+  const proc = spawn(
+    process.execPath,
+    ['--import', 'tsx', join(ROOT, 'bench/support/fleet-echo-main.ts'), String(port)],
+    {
+      cwd: ROOT,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    },
+  );
+  let stderr = '';
+  proc.stderr?.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-8192)));
+  const stop = () => stopChild(proc, 2000);
+  cleanup.add('stop the bare broker', stop);
+  const deadline = Date.now() + 20_000;
+  while (!(await canConnect(port))) {
+    if (proc.exitCode !== null) throw new Error(`the bare broker exited: ${stderr}`);
+    if (Date.now() > deadline) throw new Error(`the bare broker did not listen on ${port}: ${stderr}`);
+    await sleep(25);
+  }
+  return {
+    label: 'bare aedes',
+    mqtt: [{ host: '127.0.0.1', port }],
+    http: [],
+    pids: [proc.pid!],
+    output: () => stderr,
+    stop,
+  };
+}
+
+/** Scenario a: one bridge from `dist/` with SQLite and its embedded broker, on a seeded data folder. */
+async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup): Promise<Deployment> {
+  const prepared = prepareBridge(opts.source);
+  console.log(`bridge from ${prepared.runtime} (${prepared.note})`);
+  let cpuProfDir: string | undefined;
+  if (opts.cpuProf) {
+    cpuProfDir = join(ROOT, '.bench/profiles');
+    mkdirSync(cpuProfDir, { recursive: true });
+  }
+  const bridge = await spawnBridgeProcess(
+    {
+      runtime: prepared.runtime,
+      dataDir,
+      cpuProfDir,
+      nodeArgs: opts.nodeArgs,
+      // Provisioned devices only; the log as the service writes it unless told otherwise.
+      args: ['--open-enrolment', 'false', '--log-level', opts.logLevel],
+    },
+    cleanup,
+  );
+  return {
+    label: 'bridge',
+    mqtt: [endpointOf(bridge.mqttUrl)],
+    http: [bridge.url],
+    pids: [bridge.pid],
+    output: () => bridge.output(),
+    stop: () => bridge.stop(),
+  };
+}
+
+// ---- measuring ----
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function cpuOf(pids: readonly number[]): number {
+  return pids.reduce((s, pid) => s + readCpuMs(pid), 0);
+}
+
+function rssOf(pids: readonly number[]): number {
+  return pids.reduce((s, pid) => s + readRss(pid).rss, 0);
+}
+
+interface Lat {
+  p50: number;
+  p99: number;
+  max: number;
+  n: number;
+}
+
+function lat(samples: readonly number[]): Lat {
+  return {
+    p50: round(percentile(samples, 50)),
+    p99: round(percentile(samples, 99)),
+    max: samples.length > 0 ? round(samples.reduce((a, b) => Math.max(a, b), -Infinity)) : NaN,
+    n: samples.length,
+  };
+}
+
+interface PushFigures {
+  rate: number;
+  latency: Lat;
+  sent: number;
+  acked: number;
+  /** CPU of the measured processes per acknowledged push (warm-up included), µs. */
+  cpuUsPerPush: number;
+  /** The simulator's CPU over the phase, as a share of one core. */
+  simCores: number;
+  simLagP99Ms: number;
+  lost: number;
+  downItems: number;
+}
+
+async function pushPhase(
+  sim: SimFleet,
+  target: Deployment,
+  rate: number,
+  warmupMs: number,
+  durationMs: number,
+): Promise<PushFigures> {
+  const cpu0 = cpuOf(target.pids);
+  const sim0 = sim.cpuMs();
+  const t0 = performance.now();
+  const r: PushReport = await sim.push(rate, warmupMs, durationMs, 5000);
+  const wall = performance.now() - t0;
+  return {
+    rate,
+    latency: lat(r.latencies),
+    sent: r.sent,
+    acked: r.acked,
+    cpuUsPerPush: round(((cpuOf(target.pids) - cpu0) * 1000) / Math.max(1, r.ackedTotal)),
+    simCores: round((sim.cpuMs() - sim0) / wall),
+    simLagP99Ms: round(r.lagP99Ms),
+    lost: r.lost,
+    downItems: r.downItems,
+  };
+}
+
+interface SearchFigures {
+  /** The highest rate tried whose p99 stayed under the limit with every push acknowledged. */
+  best: number | undefined;
+  steps: Array<{
+    rate: number;
+    p50: number;
+    p99: number;
+    acked: string;
+    cpuUsPerPush: number;
+    simCores: number;
+    ok: boolean;
+  }>;
+}
+
+/** Steps of 1.5 times from `--search-from` until p99 reaches the limit, then one step between the last two. */
+async function searchRate(sim: SimFleet, target: Deployment, opts: Options): Promise<SearchFigures> {
+  const steps: SearchFigures['steps'] = [];
+  const tryRate = async (rate: number) => {
+    const f = await pushPhase(sim, target, rate, 1000, opts.stepS * 1000);
+    const ok = f.latency.p99 < TARGET.searchP99Ms && f.acked === f.sent && f.sent > 0;
+    steps.push({
+      rate,
+      p50: f.latency.p50,
+      p99: f.latency.p99,
+      acked: `${f.acked}/${f.sent}`,
+      cpuUsPerPush: f.cpuUsPerPush,
+      simCores: f.simCores,
+      ok,
+    });
+    console.log(
+      `  ${target.label} at ${rate}/s: p50 ${f.latency.p50} ms, p99 ${f.latency.p99} ms, ${f.acked}/${f.sent} acked`,
+    );
+    return ok;
+  };
+  let good: number | undefined;
+  let bad: number | undefined;
+  for (let rate = opts.searchFrom; rate <= opts.searchMax; rate = Math.round(rate * 1.5)) {
+    if (await tryRate(rate)) good = rate;
+    else {
+      bad = rate;
+      break;
+    }
+  }
+  if (good !== undefined && bad !== undefined) {
+    const mid = Math.round((good + bad) / 2);
+    if (mid > good && mid < bad && (await tryRate(mid))) good = mid;
+  } else if (good === undefined && bad !== undefined && bad > 1) {
+    // Even the first step was too much: one step at a third of it.
+    const low = Math.max(1, Math.round(bad / 3));
+    if (await tryRate(low)) good = low;
+  }
+  return { best: good, steps };
+}
+
+interface TargetFigures {
+  label: string;
+  connect: {
+    report: Omit<ConnectReport, 'connackMs' | 'readyMs'>;
+    seconds: number;
+    perSec: number;
+    connack: Lat;
+    ready: Lat;
+    cpuUsPerDevice: number;
+    simCores: number;
+  };
+  rss: { before: number; connected: number; settled: number; bytesPerDevice: number };
+  restIdle: Lat | undefined;
+  restDuring: Lat | undefined;
+  restErrors: number;
+  steady: PushFigures;
+  search: SearchFigures | undefined;
+}
+
+function restLat(run: ProbeRun): { lat: Lat; errors: number } {
+  const other = Object.entries(run.statuses)
+    .filter(([code]) => code !== '200')
+    .reduce((s, [, n]) => s + n, 0);
+  return { lat: lat(run.latencies), errors: other + run.errors };
+}
+
+/** Connects the fleet to a deployment and takes every figure. */
+async function measure(
+  target: Deployment,
+  devicesFile: string,
+  fleet: readonly SimDevice[],
+  opts: Options,
+  cleanup: Cleanup,
+  rest?: { cookie: string; path: string },
+): Promise<TargetFigures> {
+  console.log(`${target.label}: ${opts.devices} devices from ${opts.simProcs} simulator processes`);
+  const sim = SimFleet.start(
+    { procs: opts.simProcs, devicesFile, endpoints: target.mqtt, keepaliveSec: KEEPALIVE_SEC },
+    cleanup,
+  );
+  // Memory before: the process idle, no device connected.
+  await sleep(1000);
+  const rssBefore = rssOf(target.pids);
+  const cpu0 = cpuOf(target.pids);
+  const sim0 = sim.cpuMs();
+  const c = await sim.connect(opts.connectWindow, 60_000, 3);
+  const seconds = (c.lastReady - c.firstStart) / 1000;
+  const connectCpu = cpuOf(target.pids) - cpu0;
+  const connectSim = sim.cpuMs() - sim0;
+  if (c.connected < fleet.length) {
+    throw new Error(
+      `${target.label}: ${c.failed} of ${fleet.length} devices did not connect\n${target.output().slice(-2000)}`,
+    );
+  }
+  console.log(`  connected ${c.connected} in ${round(seconds)} s (${Math.round(c.connected / seconds)}/s)`);
+  const rssConnected = rssOf(target.pids);
+  await sleep(opts.settleS * 1000);
+  const rssSettled = rssOf(target.pids);
+
+  let restIdle: Lat | undefined;
+  let restDuring: Lat | undefined;
+  let restErrors = 0;
+  const probeFor = (ms: number) =>
+    probe({
+      url: `${target.http[0]}${rest!.path}`,
+      headers: { cookie: rest!.cookie },
+      rate: opts.probeRate,
+      durationMs: ms,
+    });
+  if (rest) {
+    // Warm the route, then the baseline of the REST figure: the same bridge and fleet, connected and quiet.
+    await probeFor(1000);
+    const idle = restLat(await probeFor(opts.durationS * 1000));
+    restIdle = idle.lat;
+    restErrors += idle.errors;
+  }
+  const warmupMs = opts.warmupS * 1000;
+  const durationMs = opts.durationS * 1000;
+  const [steady, during] = await Promise.all([
+    pushPhase(sim, target, opts.rate, warmupMs, durationMs),
+    rest ? sleep(warmupMs + 10).then(() => probeFor(durationMs)) : Promise.resolve(undefined),
+  ]);
+  if (during) {
+    const d = restLat(during);
+    restDuring = d.lat;
+    restErrors += d.errors;
+  }
+  console.log(
+    `  steady ${opts.rate}/s: p50 ${steady.latency.p50} ms, p99 ${steady.latency.p99} ms` +
+      (restDuring ? `; GET p99 ${restDuring.p99} ms (quiet ${restIdle!.p99} ms)` : ''),
+  );
+  const search = opts.search ? await searchRate(sim, target, opts) : undefined;
+  await sim.disconnect();
+  await sim.stop();
+  const { connackMs, readyMs, ...report } = c;
+  return {
+    label: target.label,
+    connect: {
+      report,
+      seconds: round(seconds),
+      perSec: round(c.connected / seconds),
+      connack: lat(connackMs),
+      ready: lat(readyMs),
+      cpuUsPerDevice: round((connectCpu * 1000) / c.connected),
+      simCores: round(connectSim / (seconds * 1000)),
+    },
+    rss: {
+      before: rssBefore,
+      connected: rssConnected,
+      settled: rssSettled,
+      bytesPerDevice: round((rssSettled - rssBefore) / c.connected),
+    },
+    restIdle,
+    restDuring,
+    restErrors,
+    steady,
+    search,
+  };
+}
+
+async function login(base: string): Promise<string> {
+  const r = await send(`${base}/0/session/login`, {
+    method: 'POST',
+    body: new URLSearchParams({ login: LOGIN, password: PASSWORD }).toString(),
+    timeoutMs: SETUP_TIMEOUT_MS,
+  }).done;
+  const cookie = cookieOf(r);
+  if (r.status !== 201 || !cookie) throw new Error(`login failed: ${r.status} ${r.body}`);
+  return cookie;
+}
+
+// ---- the run ----
+
+export async function run(args: string[], cleanup: Cleanup): Promise<number> {
+  const opts = parseOptions(args);
+  if (opts.scenario !== 'a') {
+    console.log(
+      `fleet: scenario ${opts.scenario} (${SCENARIOS[opts.scenario]}): not built yet; it needs the PostgreSQL store`,
+    );
+    return 2;
+  }
+  console.log(`fleet: scenario ${opts.scenario} (${SCENARIOS[opts.scenario]})`);
+  console.log('note: the machine may be shared; figures are noisy, compare with the baseline taken in the same run.');
+  const tmp = mkdtempSync(join(opts.tmp, 'devcloud-bench-fleet-'));
+  cleanup.add('remove the temporary folder', () => rmSync(tmp, { recursive: true, force: true }));
+  const fleet = makeFleet(opts.devices);
+  const devicesFile = join(tmp, 'devices.json');
+  writeFileSync(devicesFile, JSON.stringify(fleet));
+
+  // 1. The baseline: the same simulator against a bare broker.
+  let bare: TargetFigures | undefined;
+  if (opts.baseline) {
+    const echo = await startEcho(cleanup);
+    bare = await measure(echo, devicesFile, fleet, opts, cleanup);
+    await echo.stop();
+  }
+
+  // 2. The bridge.
+  const dataDir = join(tmp, 'bridge');
+  const seedMs = await seedBridge(dataDir, fleet, opts.own);
+  console.log(`seeded ${opts.devices} provisioned devices in ${round(seedMs / 1000)} s`);
+  const deployment = await startScenarioA(dataDir, opts, cleanup);
+  const cookie = await login(deployment.http[0]!);
+  const restPath = `/0/devices/${fleet[0]!.id}`;
+  const check = await send(`${deployment.http[0]}${restPath}`, { headers: { cookie }, timeoutMs: SETUP_TIMEOUT_MS })
+    .done;
+  if (check.status !== 200) throw new Error(`GET ${restPath} answered ${check.status} ${check.body.slice(0, 200)}`);
+  const bridge = await measure(deployment, devicesFile, fleet, opts, cleanup, { cookie, path: restPath });
+  await deployment.stop();
+  const logLines = deployment
+    .output()
+    .split('\n')
+    .filter((l) => l.includes('"level":40') || l.includes('"level":50') || l.includes('"level":60'));
+
+  // 3. Figures.
+  const f = (n: number | undefined) => (n === undefined || Number.isNaN(n) ? 'n/a' : String(round(n)));
+  const ratio = (a: number | undefined, b: number | undefined) =>
+    a === undefined || b === undefined || b === 0 ? '' : f(a / b);
+  const met = {
+    connect: bridge.connect.perSec >= TARGET.connectsPerSec,
+    push: bridge.steady.latency.p99 < TARGET.pushP99Ms && bridge.steady.acked === bridge.steady.sent,
+    rest: bridge.restDuring !== undefined && bridge.restDuring.p99 < TARGET.restP99Ms && bridge.restErrors === 0,
+    memory: bridge.rss.bytesPerDevice <= TARGET.bytesPerDevice,
+  };
+  const allMet = Object.values(met).every(Boolean);
+  const n = opts.devices;
+  const rows: Row[] = [
+    {
+      figure: `connect ${n} devices: s (per s)`,
+      measured: `${f(bridge.connect.seconds)} (${Math.round(bridge.connect.perSec)})`,
+      baseline: bare ? `${f(bare.connect.seconds)} (${Math.round(bare.connect.perSec)})` : '',
+      ratio: ratio(bridge.connect.seconds, bare?.connect.seconds),
+      target: `≥ ${TARGET.connectsPerSec}/s`,
+      met: met.connect,
+    },
+    {
+      figure: 'connect → hello answered, p50 / p99 (ms)',
+      measured: `${f(bridge.connect.ready.p50)} / ${f(bridge.connect.ready.p99)}`,
+      baseline: bare ? `${f(bare.connect.ready.p50)} / ${f(bare.connect.ready.p99)}` : '',
+      ratio: '',
+      target: '',
+      met: undefined,
+    },
+    {
+      figure: `push → ack p50 at ${opts.rate}/s (ms)`,
+      measured: f(bridge.steady.latency.p50),
+      baseline: bare ? f(bare.steady.latency.p50) : '',
+      ratio: ratio(bridge.steady.latency.p50, bare?.steady.latency.p50),
+      target: '',
+      met: undefined,
+    },
+    {
+      figure: `push → ack p99 at ${opts.rate}/s (ms)`,
+      measured: `${f(bridge.steady.latency.p99)} (${bridge.steady.acked}/${bridge.steady.sent} acked)`,
+      baseline: bare ? f(bare.steady.latency.p99) : '',
+      ratio: ratio(bridge.steady.latency.p99, bare?.steady.latency.p99),
+      target: `< ${TARGET.pushP99Ms} ms`,
+      met: met.push,
+    },
+    {
+      figure: `highest rate with p99 < ${TARGET.searchP99Ms} ms (/s)`,
+      measured: bridge.search ? f(bridge.search.best) : 'not searched',
+      baseline: bare?.search ? `${f(bare.search.best)}${bare.search.best === opts.searchMax ? ' (max)' : ''}` : '',
+      ratio: ratio(bridge.search?.best, bare?.search?.best),
+      target: '(reported)',
+      met: undefined,
+    },
+    {
+      figure: 'CPU per push (µs), per connect (µs)',
+      measured: `${f(bridge.steady.cpuUsPerPush)}, ${f(bridge.connect.cpuUsPerDevice)}`,
+      baseline: bare ? `${f(bare.steady.cpuUsPerPush)}, ${f(bare.connect.cpuUsPerDevice)}` : '',
+      ratio: ratio(bridge.steady.cpuUsPerPush, bare?.steady.cpuUsPerPush),
+      target: '(reported)',
+      met: undefined,
+    },
+    {
+      figure: 'memory per idle connected device (KB)',
+      measured: f(bridge.rss.bytesPerDevice / 1024),
+      baseline: bare ? f(bare.rss.bytesPerDevice / 1024) : '',
+      ratio: ratio(bridge.rss.bytesPerDevice, bare?.rss.bytesPerDevice),
+      target: `≤ ${TARGET.bytesPerDevice / 1024} KB`,
+      met: met.memory,
+    },
+    {
+      figure: `GET /0/devices/<id> p99 while pushing (ms)`,
+      measured: `${f(bridge.restDuring?.p99)}${bridge.restErrors > 0 ? ` (${bridge.restErrors} not 200)` : ''}`,
+      baseline: `${f(bridge.restIdle?.p99)} quiet`,
+      ratio: ratio(bridge.restDuring?.p99, bridge.restIdle?.p99),
+      target: `< ${TARGET.restP99Ms} ms`,
+      met: met.rest,
+    },
+    {
+      figure: 'simulator CPU (cores): connect, steady',
+      measured: `${f(bridge.connect.simCores)}, ${f(bridge.steady.simCores)}`,
+      baseline: bare ? `${f(bare.connect.simCores)}, ${f(bare.steady.simCores)}` : '',
+      ratio: '',
+      target: '(reported)',
+      met: undefined,
+    },
+    {
+      figure: "simulator's send lag p99 (ms)",
+      measured: f(bridge.steady.simLagP99Ms),
+      baseline: bare ? f(bare.steady.simLagP99Ms) : '',
+      ratio: '',
+      target: '(diagnostic)',
+      met: undefined,
+    },
+  ];
+  console.log('');
+  console.log(formatTable(rows));
+  console.log('');
+  console.log(
+    `Baseline: the same simulator against a bare aedes broker answering hellos and pushes (no authentication, ` +
+      `validation or database). Memory is resident size after ${opts.settleS} s idle minus before connecting, per device.`,
+  );
+  if (bridge.search) {
+    console.log(
+      `rate search, bridge: ${bridge.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
+    );
+  }
+  if (bare?.search) {
+    console.log(
+      `rate search, bare:   ${bare.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
+    );
+  }
+  if (logLines.length > 0)
+    console.log(`the bridge logged ${logLines.length} warnings or errors; last: ${logLines.at(-1)}`);
+  if (opts.cpuProf) console.log(`bridge CPU profile written to ${join(ROOT, '.bench/profiles')}`);
+  console.log(
+    JSON.stringify({
+      bench: 'fleet',
+      scenario: opts.scenario,
+      options: {
+        devices: opts.devices,
+        rate: opts.rate,
+        durationS: opts.durationS,
+        warmupS: opts.warmupS,
+        stepS: opts.stepS,
+        searchFrom: opts.searchFrom,
+        searchMax: opts.searchMax,
+        probeRate: opts.probeRate,
+        settleS: opts.settleS,
+        simProcs: opts.simProcs,
+        connectWindow: opts.connectWindow,
+        own: opts.own,
+        logLevel: opts.logLevel,
+        tmp: opts.tmp,
+      },
+      seedMs: round(seedMs),
+      bridge,
+      bare: bare ?? null,
+      bridgeWarnings: logLines.length,
+      target: TARGET,
+      met,
+      allMet,
+    }),
+  );
+  return allMet ? 0 : 1;
+}

@@ -1,0 +1,196 @@
+/**
+ * The simulated fleet of `npm run bench -- fleet`: child processes (`fleet-sim-main.ts`), each holding many
+ * device connections on a hand-written MQTT client (`fleet-mqtt.ts`), driven from the benchmark's process over
+ * IPC. A device does what an agent does on the wire (docs/protocol.md): it connects with its id, secret and last
+ * will, subscribes to its `down/#`, publishes `state` `online` and a hello that asks for the cloud's clock, and
+ * counts as connected once the cloud's answer to that hello (a `down/vars` with `now`) arrives. Then it pushes
+ * one `d` variable at a time on `up/vars` and waits for `down/acks`, acknowledges whatever comes on `down/vars`,
+ * and pings when idle.
+ */
+import { type ChildProcess, fork } from 'node:child_process';
+import { join } from 'node:path';
+import type { Cleanup } from './cleanup.js';
+import { ROOT, readCpuMs, stopChild } from './processes.js';
+
+/** One device as the simulator knows it: what it logs in with and the auth code its hello reports. */
+export interface SimDevice {
+  id: string;
+  secret: string;
+  authcode: string;
+}
+
+/** What a child is started with (its only argument, as JSON). */
+export interface SimInit {
+  devicesFile: string;
+  /** This child takes the devices whose index modulo `of` is `index`. */
+  index: number;
+  of: number;
+  /** Where device `i` connects: `endpoints[i % endpoints.length]`. */
+  endpoints: Array<{ host: string; port: number }>;
+  keepaliveSec: number;
+}
+
+export type SimRequest =
+  | { op: 'connect'; window: number; timeoutMs: number; attempts: number }
+  | { op: 'push'; rate: number; warmupMs: number; durationMs: number; drainMs: number }
+  | { op: 'disconnect' };
+
+export interface ConnectReport {
+  devices: number;
+  connected: number;
+  failed: number;
+  retries: number;
+  /** Epoch ms (sub-ms) of the first connection attempt and of the last hello answered. */
+  firstStart: number;
+  lastReady: number;
+  /** Per device connected: ms from its first attempt to its CONNACK, and to the answer to its hello. */
+  connackMs: number[];
+  readyMs: number[];
+  /** Connections that were up and then closed by the other side, since the start. */
+  lost: number;
+}
+
+export interface PushReport {
+  /** Pushes due in the measured window, and how many of them were acknowledged before the drain ended. */
+  sent: number;
+  acked: number;
+  /** Push → ack latency of each acknowledged push of the window, from when it was due, ms. */
+  latencies: number[];
+  /** Every push of the phase (warm-up included), and their acknowledgements. */
+  sentTotal: number;
+  ackedTotal: number;
+  /** How late the simulator's sending timer ran behind the pushes' due times: p99 and max, ms. */
+  lagP99Ms: number;
+  lagMaxMs: number;
+  /** Devices ready at the start of the phase, and connections lost since the start. */
+  ready: number;
+  lost: number;
+  /** `down/vars` items received and acknowledged (pushes from the cloud: a re-stamp or a catch-up). */
+  downItems: number;
+}
+
+type Reply = { seq: number; ok: true; result: unknown } | { seq: number; ok: false; error: string };
+
+class SimChild {
+  private seq = 0;
+  private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  private exited: Error | undefined;
+
+  constructor(readonly proc: ChildProcess) {
+    proc.on('message', (m: Reply) => {
+      const w = this.waiting.get(m.seq);
+      if (!w) return;
+      this.waiting.delete(m.seq);
+      if (m.ok) w.resolve(m.result);
+      else w.reject(new Error(m.error));
+    });
+    proc.once('exit', (code, signal) => {
+      this.exited = new Error(`a simulator process exited (${signal ?? code})`);
+      for (const w of this.waiting.values()) w.reject(this.exited);
+      this.waiting.clear();
+    });
+  }
+
+  request<T>(req: SimRequest): Promise<T> {
+    if (this.exited) return Promise.reject(this.exited);
+    const seq = ++this.seq;
+    return new Promise<T>((resolve, reject) => {
+      this.waiting.set(seq, { resolve: resolve as (v: unknown) => void, reject });
+      this.proc.send({ seq, ...req });
+    });
+  }
+}
+
+export interface SimFleetOptions {
+  procs: number;
+  devicesFile: string;
+  endpoints: Array<{ host: string; port: number }>;
+  keepaliveSec: number;
+}
+
+/** The simulator's processes, all of them driven at once; their reports are merged. */
+export class SimFleet {
+  private constructor(private readonly children: SimChild[]) {}
+
+  static start(opts: SimFleetOptions, cleanup: Cleanup): SimFleet {
+    const children: SimChild[] = [];
+    for (let index = 0; index < opts.procs; index++) {
+      const init: SimInit = {
+        devicesFile: opts.devicesFile,
+        index,
+        of: opts.procs,
+        endpoints: opts.endpoints,
+        keepaliveSec: opts.keepaliveSec,
+      };
+      const proc = fork(join(ROOT, 'bench/support/fleet-sim-main.ts'), [JSON.stringify(init)], {
+        cwd: ROOT,
+        execArgv: ['--import', 'tsx'],
+        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      });
+      cleanup.add('stop a simulator process', () => stopChild(proc, 5000));
+      children.push(new SimChild(proc));
+    }
+    return new SimFleet(children);
+  }
+
+  get pids(): number[] {
+    return this.children.map((c) => c.proc.pid!);
+  }
+
+  /** CPU time of all the simulator's processes so far, ms. */
+  cpuMs(): number {
+    return this.pids.reduce((s, pid) => s + readCpuMs(pid), 0);
+  }
+
+  /** Connects every device, `window` at a time in all (split between the processes). */
+  async connect(window: number, timeoutMs: number, attempts: number): Promise<ConnectReport> {
+    const per = Math.max(1, Math.round(window / this.children.length));
+    const parts = await Promise.all(
+      this.children.map((c) => c.request<ConnectReport>({ op: 'connect', window: per, timeoutMs, attempts })),
+    );
+    return {
+      devices: sum(parts, (p) => p.devices),
+      connected: sum(parts, (p) => p.connected),
+      failed: sum(parts, (p) => p.failed),
+      retries: sum(parts, (p) => p.retries),
+      firstStart: Math.min(...parts.map((p) => p.firstStart)),
+      lastReady: Math.max(...parts.map((p) => p.lastReady)),
+      connackMs: parts.flatMap((p) => p.connackMs),
+      readyMs: parts.flatMap((p) => p.readyMs),
+      lost: sum(parts, (p) => p.lost),
+    };
+  }
+
+  /** Pushes at `rate` a second in all, spread evenly over the processes and their devices. */
+  async push(rate: number, warmupMs: number, durationMs: number, drainMs: number): Promise<PushReport> {
+    const per = rate / this.children.length;
+    const parts = await Promise.all(
+      this.children.map((c) => c.request<PushReport>({ op: 'push', rate: per, warmupMs, durationMs, drainMs })),
+    );
+    return {
+      sent: sum(parts, (p) => p.sent),
+      acked: sum(parts, (p) => p.acked),
+      latencies: parts.flatMap((p) => p.latencies),
+      sentTotal: sum(parts, (p) => p.sentTotal),
+      ackedTotal: sum(parts, (p) => p.ackedTotal),
+      lagP99Ms: Math.max(...parts.map((p) => p.lagP99Ms)),
+      lagMaxMs: Math.max(...parts.map((p) => p.lagMaxMs)),
+      ready: sum(parts, (p) => p.ready),
+      lost: sum(parts, (p) => p.lost),
+      downItems: sum(parts, (p) => p.downItems),
+    };
+  }
+
+  /** Every device sends DISCONNECT (so no last will) and closes. */
+  async disconnect(): Promise<void> {
+    await Promise.all(this.children.map((c) => c.request({ op: 'disconnect' })));
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.children.map((c) => stopChild(c.proc, 5000)));
+  }
+}
+
+function sum<T>(xs: readonly T[], f: (x: T) => number): number {
+  return xs.reduce((s, x) => s + f(x), 0);
+}
