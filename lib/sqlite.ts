@@ -120,11 +120,6 @@ export interface RunOptions {
 }
 
 /**
- * `setImmediate` as it was when this module loaded: tests that fake timers do not stop commits.
- */
-const nextTurn: (fn: () => void) => unknown = globalThis.setImmediate;
-
-/**
  * Runs units of work in one transaction per turn of the event loop. Each caller's promise resolves after the
  * transaction holding its work has committed (and so, with `synchronous=FULL`, is on disk). Work that throws
  * fails only itself: the batch is then redone with each unit in a savepoint. A failing commit rejects everyone
@@ -179,9 +174,8 @@ export class GroupCommitter {
   private schedule(): void {
     if (this.scheduled) return;
     this.scheduled = true;
-    // After the I/O of this turn, not after the callback that queued the work: every message and request read in
-    // the same turn shares the transaction and its fsync, so a busy process commits less often, not more.
-    nextTurn(() => this.flush());
+    // A microtask, not a timer: batches form while the event loop is busy, and fake timers do not stop commits.
+    queueMicrotask(() => this.flush());
   }
 
   /** Commits everything queued now. */

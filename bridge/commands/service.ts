@@ -23,6 +23,8 @@ export type SubmitOutcome = { ok: true; id: string } | { ok: false; reason: 'ful
 export class CommandService {
   private send: SendDown = () => false;
   private linkUp: () => boolean = () => false;
+  /** Submits waiting for the end of this turn of the event loop (see turnEnd). */
+  private waiting: Array<() => void> = [];
   readonly counters = { submitted: 0, sent: 0, reports: 0, stale: 0, expired: 0 };
 
   constructor(private readonly o: CommandServiceOptions) {}
@@ -44,6 +46,7 @@ export class CommandService {
     const { store, now } = this.o;
     const id = crypto.randomUUID();
     const t = now();
+    await this.turnEnd();
     const c: NewBridgeCommand = { id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs };
     // To a connected device it goes right after the commit, so it is recorded `sent` in the same transaction; if the
     // hand-over fails after all, the command is open and goes again at the next hello like any other.
@@ -108,6 +111,23 @@ export class CommandService {
     const n = await this.o.store.write(() => this.o.store.commands.expire(this.o.now()), { durable: false });
     this.counters.expired += n;
     return n;
+  }
+
+  /**
+   * Resolves every caller of this turn of the event loop at once, after the I/O of the turn: the commands that
+   * requests on several connections bring in the same turn then share one transaction and one fsync (the group
+   * commit batches what is written in one run of microtasks, and each request is parsed in a callback of its own).
+   */
+  private turnEnd(): Promise<void> {
+    return new Promise((resolve) => {
+      this.waiting.push(resolve);
+      if (this.waiting.length > 1) return;
+      setImmediate(() => {
+        const waiting = this.waiting;
+        this.waiting = [];
+        for (const w of waiting) w();
+      });
+    });
   }
 
   private connected(deviceId: string): boolean {
