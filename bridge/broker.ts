@@ -30,19 +30,20 @@ import { indexedMemoryPersistence } from './retained.js';
 
 /** Where enrolled devices' secret hashes are kept; the bridge store implements it. */
 export interface DeviceCredentials {
-  secretHash(deviceId: string): string | undefined;
-  /** Records a device's secret hash, enrolled at `at` (ms since the epoch). */
-  enroll(deviceId: string, secretHash: string, at: number): void;
+  secretHash(deviceId: string): Promise<string | undefined>;
+  /** Records a device's secret hash, enrolled at `at` (ms since the epoch), durably. */
+  enroll(deviceId: string, secretHash: string, at: number): Promise<void>;
 }
 
 /** Credentials kept in memory, for a broker whose devices need not survive a restart. */
 export class MemoryCredentials implements DeviceCredentials {
   private readonly hashes = new Map<string, string>();
-  secretHash(deviceId: string): string | undefined {
-    return this.hashes.get(deviceId);
+  secretHash(deviceId: string): Promise<string | undefined> {
+    return Promise.resolve(this.hashes.get(deviceId));
   }
-  enroll(deviceId: string, secretHash: string): void {
+  enroll(deviceId: string, secretHash: string): Promise<void> {
     this.hashes.set(deviceId, secretHash);
+    return Promise.resolve();
   }
 }
 

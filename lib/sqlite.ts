@@ -269,3 +269,181 @@ export class GroupCommitter {
     this.closed = true;
   }
 }
+
+interface AsyncPending<T> {
+  work: () => Promise<T>;
+  durable: boolean;
+  resolve: (value: T) => void;
+  reject: (err: unknown) => void;
+}
+
+type Outcome = { ok: true; value: unknown } | { ok: false; err: unknown };
+
+/**
+ * Group commit for units of work that are asynchronous (the bridge's store, whose interface PostgreSQL also
+ * implements): the units queued while the event loop was busy run one after another in one transaction, each
+ * awaited before the next starts, and their promises resolve once it has committed. A unit that throws fails
+ * only itself: the batch is then redone with each unit in a savepoint. Units must await nothing but this
+ * connection's work, or the transaction stays open while they wait.
+ *
+ * Full-disk handling is that of `GroupCommitter`.
+ */
+export class AsyncGroupCommitter {
+  private queue: AsyncPending<unknown>[] = [];
+  private scheduled = false;
+  private running = false;
+  private closed = false;
+  readonly stats = { commits: 0, units: 0, relaxed: 0 };
+  readonly storage: StorageState = { full: false, fullSince: undefined, refused: 0 };
+  private readonly dir: string;
+  private readonly totalChanges: Database.Statement<[], { n: number }>;
+  private readonly st;
+
+  constructor(
+    private readonly db: Db,
+    private readonly options: GroupCommitterOptions = {},
+  ) {
+    this.dir = dirname(db.name);
+    this.totalChanges = db.prepare('SELECT total_changes() AS n');
+    this.st = {
+      begin: db.prepare('BEGIN'),
+      commit: db.prepare('COMMIT'),
+      rollback: db.prepare('ROLLBACK'),
+      savepoint: db.prepare('SAVEPOINT unit'),
+      release: db.prepare('RELEASE unit'),
+      rollbackTo: db.prepare('ROLLBACK TO unit'),
+      relax: db.prepare('PRAGMA synchronous = NORMAL'),
+      tighten: db.prepare('PRAGMA synchronous = FULL'),
+    };
+  }
+
+  run<T>(work: () => Promise<T>, options: RunOptions = {}): Promise<T> {
+    if (this.closed) return Promise.reject(new Error('database is closed'));
+    return new Promise<T>((resolve, reject) => {
+      this.queue.push({ work, durable: options.durable ?? true, resolve, reject } as AsyncPending<unknown>);
+      this.schedule();
+    });
+  }
+
+  /** Resolves when nothing is queued or running. */
+  async idle(): Promise<void> {
+    while (this.running || this.queue.length > 0) {
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  }
+
+  private schedule(): void {
+    if (this.scheduled || this.running) return;
+    this.scheduled = true;
+    queueMicrotask(() => void this.drain());
+  }
+
+  private async drain(): Promise<void> {
+    this.scheduled = false;
+    if (this.running) return;
+    this.running = true;
+    try {
+      while (this.queue.length > 0) {
+        const batch = this.queue;
+        this.queue = [];
+        await this.flushBatch(batch);
+      }
+    } finally {
+      this.running = false;
+    }
+  }
+
+  private async flushBatch(batch: AsyncPending<unknown>[]): Promise<void> {
+    const relaxed = batch.every((p) => !p.durable);
+    const changesBefore = this.storage.full ? this.totalChanges.get()!.n : 0;
+    let results: Outcome[];
+    try {
+      if (relaxed) this.st.relax.run();
+      try {
+        results = await this.commitBatch(batch);
+      } finally {
+        if (relaxed) this.st.tighten.run();
+      }
+    } catch (err) {
+      this.leaveTransaction();
+      const failure = this.classify(err);
+      for (const p of batch) p.reject(failure);
+      return;
+    }
+    this.stats.commits++;
+    this.stats.units += batch.length;
+    if (relaxed) this.stats.relaxed++;
+    if (this.storage.full && this.totalChanges.get()!.n > changesBefore) this.storageChanged(false);
+    batch.forEach((p, i) => {
+      const r = results[i]!;
+      if (r.ok) p.resolve(r.value);
+      else p.reject(this.classify(r.err));
+    });
+  }
+
+  private async commitBatch(batch: AsyncPending<unknown>[]): Promise<Outcome[]> {
+    // The common case: every unit succeeds, and no savepoint is paid for.
+    this.st.begin.run();
+    const results: Outcome[] = [];
+    let failed = false;
+    for (const p of batch) {
+      try {
+        results.push({ ok: true, value: await p.work() });
+      } catch {
+        failed = true;
+        break;
+      }
+    }
+    if (!failed) {
+      this.st.commit.run();
+      return results;
+    }
+    this.leaveTransaction();
+    // Some unit failed: redo the batch, each unit in its own savepoint.
+    const redone: Outcome[] = [];
+    this.st.begin.run();
+    for (const p of batch) {
+      this.st.savepoint.run();
+      try {
+        redone.push({ ok: true, value: await p.work() });
+        this.st.release.run();
+      } catch (err) {
+        // SQLite rolled the whole transaction back (it may, on a full disk): the batch fails as a whole.
+        if (!this.db.inTransaction) throw err;
+        this.st.rollbackTo.run();
+        this.st.release.run();
+        redone.push({ ok: false, err });
+      }
+    }
+    this.st.commit.run();
+    return redone;
+  }
+
+  private classify(err: unknown): unknown {
+    if (!isStorageFull(err, this.dir)) return err;
+    this.storage.refused++;
+    if (!this.storage.full) this.storageChanged(true, err);
+    return err instanceof StorageFullError ? err : new StorageFullError(err);
+  }
+
+  private storageChanged(full: boolean, err?: unknown): void {
+    this.storage.full = full;
+    this.storage.fullSince = full ? (this.options.now ?? Date.now)() : undefined;
+    this.options.onStorageChange?.(full, err);
+  }
+
+  private leaveTransaction(): void {
+    if (!this.db.inTransaction) return;
+    try {
+      this.st.rollback.run();
+    } catch {
+      // rolled back meanwhile
+    }
+  }
+
+  /** Waits for what is queued and refuses further work. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.idle();
+  }
+}

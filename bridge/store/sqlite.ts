@@ -2,15 +2,21 @@
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../../lib/log.js';
-import { type Db, GroupCommitter, type Migration, type StorageState, openDatabase } from '../../lib/sqlite.js';
+import { AsyncGroupCommitter, type Db, type Migration, type StorageState, openDatabase } from '../../lib/sqlite.js';
 import { WalCheckpointer } from '../../lib/wal-checkpointer.js';
 import type { DeviceCredentials } from '../broker.js';
 import { COMMAND_MIGRATION, CommandStore } from '../commands/store.js';
 import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
 import { FIRMWARE_JOB_MIGRATION, FIRMWARE_JOB_URL_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
+import { promised } from '../../lib/promised.js';
 import {
   type BridgeStore,
+  type CommandRepo,
+  type DeviceRepo,
+  type FirmwareRepo,
+  type FwJobRepo,
+  type StoreTx,
   type Frontend,
   type NewUser,
   ProductConfig,
@@ -145,13 +151,15 @@ const SESSION_CACHE_MAX = 10_000;
 const FRONTEND_RECHECK_MS = 1000;
 
 /**
+ * The SQLite store's synchronous core; `SqliteStore` is its face as a `BridgeStore`.
+ *
  * Only one bridge process writes a data directory's sessions and users, so what this store keeps in memory of
  * them is current: every write through it drops what it touches. Frontends may also be changed by the admin CLI
  * in another process; `PRAGMA data_version` tells when, checked at most once a second.
  */
-export class SqliteStore implements BridgeStore, DeviceCredentials {
-  private readonly db: Db;
-  private readonly commit: GroupCommitter;
+export class SqliteCore {
+  readonly db: Db;
+  readonly commit: AsyncGroupCommitter;
   readonly devices: DeviceStore;
   readonly commands: CommandStore;
   readonly firmware: FirmwareStore;
@@ -180,7 +188,7 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
         onError: (err) => log?.warn({ event: 'storage.checkpoint_failed', err }),
       });
     }
-    this.commit = new GroupCommitter(this.db, {
+    this.commit = new AsyncGroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log?.error({ event: 'storage.full', dataDir, err: String(err) });
         else log?.info({ event: 'storage.recovered', dataDir });
@@ -230,10 +238,6 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
       pageSize: db.prepare<[], number>('PRAGMA page_size').pluck(),
       freePages: db.prepare<[], number>('PRAGMA freelist_count').pluck(),
     };
-  }
-
-  write<T>(work: () => T, options?: { durable?: boolean }): Promise<T> {
-    return this.commit.run(work, options);
   }
 
   get storage(): StorageState {
@@ -445,9 +449,136 @@ export class SqliteStore implements BridgeStore, DeviceCredentials {
     this.devices.enroll(deviceId, secretHash, at);
   }
 
-  close(): void {
-    this.commit.close();
+  async close(): Promise<void> {
+    await this.commit.close();
     this.checkpointer?.close();
     this.db.close();
+  }
+}
+
+const wrap = <T>(fn: () => T): Promise<T> => {
+  try {
+    return Promise.resolve(fn());
+  } catch (err) {
+    return Promise.reject(err);
+  }
+};
+
+/**
+ * The bridge store in SQLite: the synchronous core behind the asynchronous interface both engines share. The
+ * store is also its own transaction: one connection, and `write` runs one unit of work at a time on it.
+ */
+export class SqliteStore implements BridgeStore {
+  readonly engine = 'sqlite' as const;
+  /** The synchronous core, for tools and tests that work on the file directly. */
+  readonly core: SqliteCore;
+  readonly devices: DeviceRepo;
+  readonly commands: CommandRepo;
+  readonly firmware: FirmwareRepo;
+  readonly fwJobs: FwJobRepo;
+  readonly credentials: DeviceCredentials;
+
+  constructor(dataDir: string, log?: Logger, options: { backgroundCheckpoints?: boolean } = {}) {
+    const core = (this.core = new SqliteCore(dataDir, log, options));
+    this.devices = promised(core.devices);
+    this.commands = promised(core.commands);
+    const fw = core.firmware;
+    this.firmware = {
+      imageDir: fw.imageDir,
+      byName: (name) => wrap(() => fw.byName(name)),
+      list: () => wrap(() => fw.list()),
+      imagePath: (image) => fw.imagePath(image),
+      add: (image) => wrap(() => fw.add(image)),
+      isUsed: (sha256) => wrap(() => fw.isUsed(sha256)),
+    };
+    this.fwJobs = promised(core.fwJobs);
+    this.credentials = {
+      secretHash: (id) => wrap(() => core.secretHash(id)),
+      enroll: (id, hash, at) => wrap(() => core.enroll(id, hash, at)),
+    };
+  }
+
+  write<T>(work: (tx: StoreTx) => Promise<T>, options?: { durable?: boolean }): Promise<T> {
+    return this.core.commit.run(() => work(this), options);
+  }
+
+  get storage(): StorageState {
+    return this.core.storage;
+  }
+
+  get checkpointing(): boolean {
+    return this.core.checkpointing;
+  }
+
+  databaseSize(): Promise<{ bytes: number; freeBytes: number }> {
+    return wrap(() => this.core.databaseSize());
+  }
+
+  createFrontend(f: Frontend): Promise<void> {
+    return wrap(() => this.core.createFrontend(f));
+  }
+  frontend(id: string): Promise<Frontend | undefined> {
+    return wrap(() => this.core.frontend(id));
+  }
+  defaultFrontend(): Promise<Frontend | undefined> {
+    return wrap(() => this.core.defaultFrontend());
+  }
+  frontends(): Promise<Frontend[]> {
+    return wrap(() => this.core.frontends());
+  }
+  setFrontendConfig(id: string, config: ProductConfig, name?: string): Promise<boolean> {
+    return wrap(() => this.core.setFrontendConfig(id, config, name));
+  }
+  setDefaultFrontend(id: string): Promise<boolean> {
+    return wrap(() => this.core.setDefaultFrontend(id));
+  }
+  createUser(u: NewUser): Promise<User | undefined> {
+    return wrap(() => this.core.createUser(u));
+  }
+  userByLogin(frontendId: string, login: string): Promise<User | undefined> {
+    return wrap(() => this.core.userByLogin(frontendId, login));
+  }
+  userById(id: number): Promise<User | undefined> {
+    return wrap(() => this.core.userById(id));
+  }
+  userByAuthcode(authcode: string): Promise<User | undefined> {
+    return wrap(() => this.core.userByAuthcode(authcode));
+  }
+  updateUser(id: number, patch: UserPatch): Promise<void> {
+    return wrap(() => this.core.updateUser(id, patch));
+  }
+  createSession(s: Session): Promise<void> {
+    return wrap(() => this.core.createSession(s));
+  }
+  session(idHash: string): Promise<Session | undefined> {
+    return wrap(() => this.core.session(idHash));
+  }
+  sessionWithUser(idHash: string): Promise<{ session: Session; user: User | undefined } | undefined> {
+    return wrap(() => this.core.sessionWithUser(idHash));
+  }
+  touchSession(idHash: string, now: number): Promise<void> {
+    return wrap(() => this.core.touchSession(idHash, now));
+  }
+  deleteSession(idHash: string): Promise<boolean> {
+    return wrap(() => this.core.deleteSession(idHash));
+  }
+  deleteSessionsOfUser(userId: number): Promise<number> {
+    return wrap(() => this.core.deleteSessionsOfUser(userId));
+  }
+  pruneSessions(idleBefore: number, createdBefore: number): Promise<number> {
+    return wrap(() => this.core.pruneSessions(idleBefore, createdBefore));
+  }
+  createToken(t: Token): Promise<void> {
+    return wrap(() => this.core.createToken(t));
+  }
+  takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Promise<Token | undefined> {
+    return wrap(() => this.core.takeToken(hash, kind, now, userId));
+  }
+  deleteTokensOfUser(userId: number, kind: TokenKind): Promise<void> {
+    return wrap(() => this.core.deleteTokensOfUser(userId, kind));
+  }
+
+  close(): Promise<void> {
+    return this.core.close();
   }
 }

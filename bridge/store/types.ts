@@ -1,14 +1,26 @@
 /**
- * What the bridge keeps, behind an interface narrow enough that another database can implement it without
- * touching the routes. Reads are synchronous; writes go through `write`, which resolves once they are durable
- * (group commit), so that a reply never promises what a crash could take back.
+ * What the bridge keeps, behind an interface that two engines implement (docs/scaling.md): SQLite, embedded, one
+ * bridge per data directory (store/sqlite.ts); PostgreSQL, shared by several bridges (store/postgres/). Every
+ * method answers a promise. Writes that belong together go through `write`, which resolves once they are
+ * committed, so that a reply never promises what a crash could take back.
  */
 import { z } from 'zod';
 import type { StorageState } from '../../lib/sqlite.js';
-import type { CommandStore } from '../commands/store.js';
-import type { DeviceStore } from '../devices/store.js';
-import type { FirmwareJobStore } from '../firmware/jobs.js';
-import type { FirmwareStore } from '../firmware/catalog.js';
+import type { CmdStatusMessage, Version } from '../../protocol/index.js';
+import type { DeviceCredentials } from '../broker.js';
+import type { BridgeCommandState, NewBridgeCommand, StoredCommand } from '../commands/store.js';
+import type {
+  ClaimOutcome,
+  Device,
+  HistoryEntry,
+  NewVersion,
+  SetBy,
+  VarKey,
+  VarRecord,
+  VarType,
+} from '../devices/store.js';
+import type { AddOutcome, FirmwareImage } from '../firmware/catalog.js';
+import type { FirmwareJob, JobOutcome, NewJob } from '../firmware/jobs.js';
 
 /** Decision 16: a frontend's product configuration. */
 export const ProductConfig = z
@@ -84,71 +96,171 @@ export interface UserPatch {
   authcodeRotatedAt?: number;
 }
 
-export interface BridgeStore {
-  /** Devices, their variables and history, and who they heard nearby. */
-  readonly devices: DeviceStore;
-  /** Commands sent to devices, with their states. */
-  readonly commands: CommandStore;
-  /** The firmware catalog: images added with `devcloud-bridge firmware add`. */
-  readonly firmware: FirmwareStore;
-  /** Firmware update jobs, at most one open per device. */
-  readonly fwJobs: FirmwareJobStore;
+/**
+ * Devices, their variables and history, and who they heard nearby (docs/decisions.md §3 to §5). Writes run in
+ * the transaction of the `StoreTx` they were reached through.
+ */
+export interface DeviceRepo {
+  device(id: string): Promise<Device | undefined>;
+  deviceByAuthcode(authcode: string): Promise<Device | undefined>;
+  /** The ids of the devices registered to a user, in the order they were claimed. */
+  deviceIdsOf(userId: number): Promise<readonly string[]>;
+  secretHash(deviceId: string): Promise<string | undefined>;
+  /** Trust on first use: the first secret a device presents is kept. */
+  enroll(deviceId: string, secretHash: string, now: number): Promise<void>;
+  /** Makes sure a device the broker let in has a row (devices met through an external broker). */
+  touch(deviceId: string, now: number): Promise<void>;
+  /** Records the auth code a device reports; `false` when another device already has it. */
+  setAuthcode(deviceId: string, authcode: string): Promise<boolean>;
+  claim(deviceId: string, userId: number, now: number): Promise<ClaimOutcome>;
+  /** Unregisters a device: its `s` variables, history and nearby rows go; `d` and `meta` stay. */
+  unregister(deviceId: string, userId: number): Promise<boolean>;
 
+  getVar(deviceId: string, type: VarType, name: string): Promise<VarRecord | undefined>;
+  vars(deviceId: string, type?: VarType): Promise<VarRecord[]>;
+  /** Writes a version (with `acked` as given) and, unless `history` is false, its history entry. */
+  putVersion(deviceId: string, v: NewVersion, acked: number, by: SetBy, history?: boolean): Promise<void>;
   /**
-   * Runs writes in a transaction that is on disk when the promise resolves. On a full disk it rejects with
-   * `StorageFullError` (lib/sqlite.ts), which the API answers `507 storage-full`.
+   * Applies a version received from the device when it is newer than the one held, atomically with the
+   * comparison (two bridges may handle two messages of one device at once).
    */
-  write<T>(work: () => T, options?: { durable?: boolean }): Promise<T>;
-  /** Whether the last writes failed for lack of space (`/healthz`). */
-  readonly storage: StorageState;
-  /**
-   * Whether a WAL checkpoint runs in the background now (lib/wal-checkpointer.ts): bulk work (the history
-   * retention) waits for its end before its next write.
-   */
-  readonly checkpointing: boolean;
+  applyFromDevice(
+    deviceId: string,
+    v: NewVersion,
+    now: number,
+  ): Promise<{ outcome: 'applied' | 'same' } | { outcome: 'older'; held: VarRecord }>;
+  ackVersion(deviceId: string, type: VarType, name: string, version: Version, now: number): Promise<boolean>;
+  unack(deviceId: string, type: VarType, name: string): Promise<void>;
+  /** A new sync of the variable: `synced = max(now, synced + 1)`; `undefined` when it does not exist. */
+  markSynced(deviceId: string, type: VarType, name: string, now: number): Promise<number | undefined>;
+  ackSync(deviceId: string, type: VarType, name: string, synced: number, now: number): Promise<boolean>;
+  /** A page of what the device has not acknowledged, in name order after `after`. */
+  pending(deviceId: string, after: string, limit: number): Promise<VarRecord[]>;
+  setMeta(deviceId: string, name: string, value: string, time: number, by: SetBy, history?: boolean): Promise<void>;
+  count(): Promise<number>;
+  connectedIds(): Promise<string[]>;
+  markAllDisconnected(now: number): Promise<number>;
 
-  /**
-   * The database's size on disk, bytes: its pages and its write-ahead log; and of that, the pages free for reuse
-   * (removed rows leave free pages, which new rows fill before the file grows again). For metrics.
-   */
-  databaseSize(): { bytes: number; freeBytes: number };
+  history(deviceId: string, type: VarType, name: string, limit: number, before?: number): Promise<HistoryEntry[]>;
+  pruneHistory(before: number, max: number): Promise<number>;
+  pruneVariableHistory(key: VarKey, keep: number, max: number): Promise<number>;
+  varKeys(after: VarKey | undefined, limit: number): Promise<VarKey[]>;
+  /** The variables whose history grew since the last call; `undefined` when unknown (walk them all). */
+  takeGrown(): Promise<VarKey[] | undefined>;
 
-  createFrontend(f: Frontend): void;
-  frontend(id: string): Frontend | undefined;
-  defaultFrontend(): Frontend | undefined;
-  frontends(): Frontend[];
-  setFrontendConfig(id: string, config: ProductConfig, name?: string): boolean;
+  heard(deviceId: string, userId: number, at: number): Promise<void>;
+  heardBy(deviceId: string, userId: number, since: number): Promise<boolean>;
+  nearbyOf(userId: number, since: number): Promise<Device[]>;
+  pruneNearby(before: number): Promise<number>;
+
+  /** The JSON of a device object (decision 9). */
+  deviceJson(deviceId: string): Promise<string>;
+}
+
+/** Commands sent to devices, with their states. */
+export interface CommandRepo {
+  add(c: NewBridgeCommand, sentAt?: number): Promise<void>;
+  countByState(): Promise<Partial<Record<BridgeCommandState, number>>>;
+  get(id: string): Promise<StoredCommand | undefined>;
+  openCount(deviceId: string): Promise<number>;
+  open(deviceId: string, afterSeq: number, limit: number): Promise<StoredCommand[]>;
+  ofDevice(deviceId: string, limit: number, beforeSeq?: number): Promise<StoredCommand[]>;
+  markSent(id: string, now: number): Promise<void>;
+  report(deviceId: string, msg: CmdStatusMessage): Promise<boolean>;
+  expire(now: number): Promise<number>;
+  prune(before: number, max: number): Promise<number>;
+  deleteOfDevice(deviceId: string): Promise<void>;
+}
+
+/** The firmware catalog: records here, image files in `imageDir`. */
+export interface FirmwareRepo {
+  readonly imageDir: string;
+  byName(name: string): Promise<FirmwareImage | undefined>;
+  list(): Promise<FirmwareImage[]>;
+  imagePath(image: Pick<FirmwareImage, 'sha256'>): string;
+  add(image: FirmwareImage): Promise<AddOutcome>;
+  isUsed(sha256: string): Promise<boolean>;
+}
+
+/** Firmware update jobs, at most one open per device. */
+export interface FwJobRepo {
+  get(id: string): Promise<FirmwareJob | undefined>;
+  openCount(): Promise<number>;
+  openOf(deviceId: string): Promise<FirmwareJob | undefined>;
+  add(j: NewJob): Promise<void>;
+  end(id: string, outcome: JobOutcome, now: number): Promise<boolean>;
+  renewToken(id: string, token: string, expires: number): Promise<void>;
+  markCancelled(id: string): Promise<void>;
+  tokenValid(id: string, token: string, now: number): Promise<FirmwareJob | undefined>;
+}
+
+/** What the bridge reads and writes: the whole store, or one transaction of it (`BridgeStore.write`). */
+export interface StoreTx {
+  readonly devices: DeviceRepo;
+  readonly commands: CommandRepo;
+  readonly firmware: FirmwareRepo;
+  readonly fwJobs: FwJobRepo;
+
+  createFrontend(f: Frontend): Promise<void>;
+  frontend(id: string): Promise<Frontend | undefined>;
+  defaultFrontend(): Promise<Frontend | undefined>;
+  frontends(): Promise<Frontend[]>;
+  setFrontendConfig(id: string, config: ProductConfig, name?: string): Promise<boolean>;
   /** Makes this frontend the default one (and no other). */
-  setDefaultFrontend(id: string): boolean;
+  setDefaultFrontend(id: string): Promise<boolean>;
 
   /** `undefined` when the login is taken in that frontend. */
-  createUser(u: NewUser): User | undefined;
-  userByLogin(frontendId: string, login: string): User | undefined;
-  userById(id: number): User | undefined;
+  createUser(u: NewUser): Promise<User | undefined>;
+  userByLogin(frontendId: string, login: string): Promise<User | undefined>;
+  userById(id: number): Promise<User | undefined>;
   /** Matches the current and, within its grace hour, the previous authcode. */
-  userByAuthcode(authcode: string): User | undefined;
-  updateUser(id: number, patch: UserPatch): void;
+  userByAuthcode(authcode: string): Promise<User | undefined>;
+  updateUser(id: number, patch: UserPatch): Promise<void>;
 
-  createSession(s: Session): void;
-  session(idHash: string): Session | undefined;
-  /**
-   * The session and its user, for the check every request makes. An implementation may answer it from memory:
-   * every write to sessions and users through this store keeps such an answer current.
-   */
-  sessionWithUser(idHash: string): { session: Session; user: User | undefined } | undefined;
-  touchSession(idHash: string, now: number): void;
-  deleteSession(idHash: string): boolean;
-  deleteSessionsOfUser(userId: number): number;
+  createSession(s: Session): Promise<void>;
+  session(idHash: string): Promise<Session | undefined>;
+  /** The session and its user, for the check every request makes. */
+  sessionWithUser(idHash: string): Promise<{ session: Session; user: User | undefined } | undefined>;
+  touchSession(idHash: string, now: number): Promise<void>;
+  deleteSession(idHash: string): Promise<boolean>;
+  deleteSessionsOfUser(userId: number): Promise<number>;
   /** Removes sessions idle or older than the limits; returns how many. */
-  pruneSessions(idleBefore: number, createdBefore: number): number;
+  pruneSessions(idleBefore: number, createdBefore: number): Promise<number>;
 
-  createToken(t: Token): void;
+  createToken(t: Token): Promise<void>;
   /**
    * Uses a token once: returns it and removes it when it exists, has the kind, has not expired and, when
    * `userId` is given, belongs to that user (a token presented for someone else stays usable by its owner).
    */
-  takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Token | undefined;
-  deleteTokensOfUser(userId: number, kind: TokenKind): void;
+  takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Promise<Token | undefined>;
+  deleteTokensOfUser(userId: number, kind: TokenKind): Promise<void>;
+}
 
-  close(): void;
+export type StoreEngine = 'sqlite' | 'postgres';
+
+export interface BridgeStore extends StoreTx {
+  readonly engine: StoreEngine;
+  /**
+   * Runs `work` in one transaction, committed (on disk) when the promise resolves; a rejection rolls back all
+   * of it. `work` reads and writes through the `tx` it is given and awaits nothing but the store: SQLite runs
+   * the units of work one after another on its one connection (group commit, docs/decisions.md §8). On a full
+   * disk it rejects with `StorageFullError` (lib/sqlite.ts), which the API answers `507 storage-full`.
+   * `durable: false` is for work whose loss costs only a repeat (an activity stamp).
+   */
+  write<T>(work: (tx: StoreTx) => Promise<T>, options?: { durable?: boolean }): Promise<T>;
+  /** Whether the last writes failed for lack of space (`/healthz`). */
+  readonly storage: StorageState;
+  /**
+   * Whether a WAL checkpoint runs in the background now (lib/wal-checkpointer.ts): bulk work (the history
+   * retention) waits for its end before its next write. Always false on PostgreSQL.
+   */
+  readonly checkpointing: boolean;
+  /**
+   * The database's size on disk, bytes, and of that the part free for reuse (removed rows leave free pages,
+   * which new rows fill before the file grows again). For metrics.
+   */
+  databaseSize(): Promise<{ bytes: number; freeBytes: number }>;
+  /** Where enrolled devices' secret hashes are kept, for the embedded broker. */
+  readonly credentials: DeviceCredentials;
+  close(): Promise<void>;
 }
