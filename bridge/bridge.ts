@@ -15,7 +15,7 @@ import { readMqttTls } from '../lib/mqtt-options.js';
 import { safeUrl } from '../lib/url.js';
 import { hasherFor } from './accounts/password.js';
 import { buildApp } from './app.js';
-import { type DeviceCredentials, EmbeddedBroker } from './broker.js';
+import { EmbeddedBroker } from './broker.js';
 import { CommandService } from './commands/service.js';
 import { type BridgeConfig, outboxDir } from './config.js';
 import { createDeviceService } from './devices/create.js';
@@ -29,8 +29,8 @@ import { type ManagedBroker, startManagedBroker } from './mqtt/manage.js';
 import { type Part, PartError, Periodic, stopOnly } from './part.js';
 import type { BridgeStore, Frontend } from './store/types.js';
 
-/** What the bridge needs of its database: bridge/store/sqlite.ts. */
-export type BridgeDatabase = BridgeStore & DeviceCredentials;
+/** What the bridge needs of its database: either engine of bridge/store/. */
+export type BridgeDatabase = BridgeStore;
 
 export interface BridgeDeps<S extends BridgeDatabase = BridgeDatabase> {
   config: BridgeConfig;
@@ -135,7 +135,7 @@ class BrokerPart implements Part {
     // A bridge on a full disk still starts and serves reads (docs/operations.md, "A full disk"): the states are
     // put right as devices connect.
     const stale = await store
-      .write(() => store.devices.markAllDisconnected(this.o.now()), { durable: false })
+      .write((tx) => tx.devices.markAllDisconnected(this.o.now()), { durable: false })
       .catch((err: unknown) => {
         if (!isStorageFull(err)) throw err;
         log.warn({ event: 'devices.mark_failed', err: String(err) });
@@ -152,7 +152,7 @@ class BrokerPart implements Part {
           enrolPassword === undefined ? undefined : { username: config.mqtt.enrolUsername, password: enrolPassword },
         enrolLimits: config.mqtt.enrolLimits,
         deviceLimits: this.o.deviceLimits,
-        credentials: store,
+        credentials: store.credentials,
         log,
         now: this.o.now,
       });
@@ -255,7 +255,11 @@ class LinkPart implements Part {
       () => link.connected,
     );
     link.on('message', (msg) => void devices.handle(msg));
-    link.on('up', () => devices.onLinkUp());
+    link.on('up', () => {
+      devices
+        .onLinkUp()
+        .catch((err: unknown) => this.o.log.warn({ event: 'devices.catch_up_failed', err: String(err) }));
+    });
   }
 
   async start(): Promise<void> {
@@ -294,7 +298,8 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
   readonly mailer: Mailer;
   /** The state of the link to the broker, for `/healthz` and `/metrics`. */
   readonly monitor: LinkMonitor;
-  readonly defaultFrontend: Frontend;
+  /** Made (or found) at start (decision 15). */
+  defaultFrontend!: Frontend;
   /** The parts, in the order they start. */
   readonly parts: readonly Part[];
   private readonly log: Logger;
@@ -316,7 +321,6 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
     this.log = log;
     this.now = now;
     const secrets = readSecrets(config);
-    this.defaultFrontend = ensureDefaultFrontend(store, now());
     this.mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, now);
     this.commands = new CommandService({ store, log, now, maxOpen: config.commands.maxOpen });
     this.devices = createDeviceService(config, store, log, now, this.commands);
@@ -344,7 +348,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
           () =>
             startManagedBroker({
               config,
-              store,
+              store: store.credentials,
               devices: this.devices,
               password: secrets.mqttPassword ?? '',
               ca: secrets.mqttCa,
@@ -404,6 +408,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
   async start(): Promise<void> {
     if (this.startCalled) throw new Error('the bridge was started already');
     this.startCalled = true;
+    this.defaultFrontend = await ensureDefaultFrontend(this.store, this.now());
     for (const part of this.parts) {
       try {
         await part.start();
@@ -470,9 +475,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
     // Expired sessions can no longer be used; removing them keeps the table the size of the live ones.
     const t = this.now();
     store
-      .write(() =>
-        store.pruneSessions(t - config.sessions.idleDays * DAY_MS, t - config.sessions.absoluteDays * DAY_MS),
-      )
+      .write((tx) => tx.pruneSessions(t - config.sessions.idleDays * DAY_MS, t - config.sessions.absoluteDays * DAY_MS))
       .then((n) => n > 0 && log.info({ event: 'sessions.pruned', count: n }))
       .catch((err: unknown) => log.warn({ event: 'sessions.prune_failed', err: String(err) }));
     this.devices

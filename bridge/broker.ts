@@ -180,7 +180,7 @@ export class EmbeddedBroker {
   }
 
   /** An enrolment request published with the enrolment credential (the agent's side: agent/uplink.ts). */
-  private enrolRequest(client: Client, payload: Buffer | string): void {
+  private async enrolRequest(client: Client, payload: Buffer | string): Promise<void> {
     const log = this.opts.log;
     let parsed: ReturnType<typeof EnrolRequest.safeParse>;
     try {
@@ -194,12 +194,12 @@ export class EmbeddedBroker {
     }
     const { deviceId, secret } = parsed.data;
     // A known device's secret is never replaced.
-    if (this.opts.credentials.secretHash(deviceId) !== undefined) {
+    if ((await this.opts.credentials.secretHash(deviceId)) !== undefined) {
       log.warn({ event: 'broker.enrol_refused', deviceId, reason: 'known device' });
       return;
     }
     if (!this.mayEnrol(client, deviceId)) return;
-    this.opts.credentials.enroll(deviceId, hashSecret(secret), this.opts.now());
+    await this.opts.credentials.enroll(deviceId, hashSecret(secret), this.opts.now());
     log.info({ event: 'broker.enrolled', deviceId, via: 'credential' });
   }
 
@@ -334,37 +334,58 @@ export class EmbeddedBroker {
         return;
       }
       const presented = hashSecret(password);
-      const known = opts.credentials.secretHash(username);
-      if (known === undefined) {
-        // With an enrolment credential, an unknown device enrols through it, never by logging in.
-        if (!opts.openEnrolment || enrol !== undefined) {
-          fail(NOT_AUTHORIZED, 'not-enrolled');
+      const unavailable = (reason: string, err?: unknown): void => {
+        if (err !== undefined) log.error({ event: 'broker.auth_failed', deviceId: username, err: errText(err) });
+        const e = new Error(reason) as AuthenticateError;
+        e.returnCode = SERVER_UNAVAILABLE;
+        done(e, false);
+      };
+      void (async () => {
+        let known: string | undefined;
+        try {
+          known = await opts.credentials.secretHash(username);
+        } catch (err) {
+          unavailable('store-unavailable', err);
           return;
         }
-        if (!this.mayEnrol(client, username)) {
-          const err = new Error('enrol-limited') as AuthenticateError;
-          err.returnCode = SERVER_UNAVAILABLE;
-          done(err, false);
+        if (known === undefined) {
+          // With an enrolment credential, an unknown device enrols through it, never by logging in.
+          if (!opts.openEnrolment || enrol !== undefined) {
+            fail(NOT_AUTHORIZED, 'not-enrolled');
+            return;
+          }
+          if (!this.mayEnrol(client, username)) {
+            unavailable('enrol-limited');
+            return;
+          }
+          try {
+            await opts.credentials.enroll(username, presented, opts.now());
+            // Two first connections at once: the secret kept is the first one written, and only it gets in.
+            known = await opts.credentials.secretHash(username);
+          } catch (err) {
+            unavailable('store-unavailable', err);
+            return;
+          }
+          if (known === undefined || !sameHash(known, presented)) {
+            fail(BAD_CREDENTIALS, 'bad-secret');
+            return;
+          }
+          log.info({ event: 'broker.enrolled', deviceId: username, via: 'first-connect' });
+          done(null, true);
           return;
         }
-        opts.credentials.enroll(username, presented, opts.now());
-        log.info({ event: 'broker.enrolled', deviceId: username, via: 'first-connect' });
+        if (!sameHash(known, presented)) {
+          fail(BAD_CREDENTIALS, 'bad-secret');
+          return;
+        }
+        // A device cut off for flooding waits out its penalty (logged once, when it was cut off).
+        if (opts.deviceLimits?.penalised(username)) {
+          this.refusals['rate-limited']++;
+          unavailable('rate-limited');
+          return;
+        }
         done(null, true);
-        return;
-      }
-      if (!sameHash(known, presented)) {
-        fail(BAD_CREDENTIALS, 'bad-secret');
-        return;
-      }
-      // A device cut off for flooding waits out its penalty (logged once, when it was cut off).
-      if (opts.deviceLimits?.penalised(username)) {
-        this.refusals['rate-limited']++;
-        const err = new Error('rate-limited') as AuthenticateError;
-        err.returnCode = SERVER_UNAVAILABLE;
-        done(err, false);
-        return;
-      }
-      done(null, true);
+      })();
     };
 
     aedes.authorizePublish = (client, packet, done) => {
@@ -378,7 +399,9 @@ export class EmbeddedBroker {
           done(new Error('publish denied'));
           return;
         }
-        this.enrolRequest(client, packet.payload);
+        this.enrolRequest(client, packet.payload).catch((err: unknown) =>
+          this.opts.log.error({ event: 'broker.auth_failed', err: String(err) }),
+        );
         // The request holds a secret: handled here, it goes to no subscriber.
         swallow(packet);
         done(null);
@@ -432,4 +455,8 @@ export class EmbeddedBroker {
   private isBridge(client: Client): boolean {
     return this.bridgeClients.has(client);
   }
+}
+
+function errText(err: unknown): string {
+  return err instanceof Error ? err.message : typeof err === 'string' ? err : 'unknown error';
 }

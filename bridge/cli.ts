@@ -225,9 +225,9 @@ async function deviceCommand(
     if (wantsId) return await setDeviceEnabled(config, id!, sub === 'enable', io, log);
     const store = new SqliteStore(config.dataDir);
     try {
-      return await provisionDevices(config, store, { ...args, now: Date.now }, io, log);
+      return await provisionDevices(config, store.credentials, { ...args, now: Date.now }, io, log);
     } finally {
-      store.close();
+      await store.close();
     }
   } catch (err) {
     io.err(`devcloud-bridge: ${err instanceof Error ? err.message : String(err)}`);
@@ -258,7 +258,7 @@ async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
   try {
     bridge = await Bridge.start({ config, store, log, now: Date.now });
   } catch (err) {
-    store.close();
+    await store.close();
     return failed(err);
   }
   log.info({

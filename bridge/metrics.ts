@@ -131,16 +131,16 @@ export function createRegistry(deps: MetricsDeps): {
     name: 'devcloud_devices_known',
     help: 'Devices the bridge knows.',
     registers,
-    collect() {
-      safely(() => this.set(store.devices.count()));
+    async collect() {
+      await safely(async () => this.set(await store.devices.count()));
     },
   });
   new Gauge({
     name: 'devcloud_devices_connected',
     help: 'Devices whose meta state is connected.',
     registers,
-    collect() {
-      safely(() => this.set(store.devices.connectedIds().length));
+    async collect() {
+      await safely(async () => this.set((await store.devices.connectedIds()).length));
     },
   });
   new Gauge({
@@ -148,9 +148,9 @@ export function createRegistry(deps: MetricsDeps): {
     help: 'Commands the bridge holds, by state.',
     labelNames: ['state'] as const,
     registers,
-    collect() {
-      safely(() => {
-        const counts = store.commands.countByState();
+    async collect() {
+      await safely(async () => {
+        const counts = await store.commands.countByState();
         for (const state of COMMAND_STATES) this.set({ state }, counts[state] ?? 0);
       });
     },
@@ -159,16 +159,16 @@ export function createRegistry(deps: MetricsDeps): {
     name: 'devcloud_bridge_database_bytes',
     help: 'Size of the bridge database on disk: its pages and its write-ahead log.',
     registers,
-    collect() {
-      safely(() => this.set(store.databaseSize().bytes));
+    async collect() {
+      await safely(async () => this.set((await store.databaseSize()).bytes));
     },
   });
   new Gauge({
     name: 'devcloud_bridge_database_free_bytes',
     help: 'Of the database, pages free for reuse (left by removed rows): filled before the file grows again.',
     registers,
-    collect() {
-      safely(() => this.set(store.databaseSize().freeBytes));
+    async collect() {
+      await safely(async () => this.set((await store.databaseSize()).freeBytes));
     },
   });
   new Counter({
@@ -195,8 +195,8 @@ export function createRegistry(deps: MetricsDeps): {
     name: 'devcloud_firmware_jobs_open',
     help: 'Firmware update jobs not yet ended.',
     registers,
-    collect() {
-      safely(() => this.set(store.fwJobs.openCount()));
+    async collect() {
+      await safely(async () => this.set(await store.fwJobs.openCount()));
     },
   });
   return { registry, observe: (method, route, status, seconds) => http.record(method, route, status, seconds) };
@@ -290,9 +290,9 @@ class HttpFigures {
   }
 }
 
-function safely(work: () => void): void {
+async function safely(work: () => Promise<void>): Promise<void> {
   try {
-    work();
+    await work();
   } catch {
     // Left out of this scrape; `/healthz` says what fails.
   }

@@ -10,7 +10,7 @@ export type Promised<T> = {
 /** Wraps the methods of `target`'s class (and its ancestors'); other properties are read through. */
 export function promised<T extends object>(target: T): Promised<T> {
   const out: Record<string, unknown> = {};
-  for (let proto = Object.getPrototypeOf(target) as object | null; proto && proto !== Object.prototype; ) {
+  for (let proto = Object.getPrototypeOf(target) as object | null; proto && proto !== Object.prototype;) {
     for (const name of Object.getOwnPropertyNames(proto)) {
       if (name === 'constructor' || name in out) continue;
       const desc = Object.getOwnPropertyDescriptor(proto, name);
@@ -20,7 +20,7 @@ export function promised<T extends object>(target: T): Promised<T> {
         try {
           return Promise.resolve(fn.apply(target, args));
         } catch (err) {
-          return Promise.reject(err);
+          return Promise.reject(err instanceof Error ? err : new Error(String(err)));
         }
       };
     }

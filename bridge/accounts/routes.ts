@@ -29,7 +29,7 @@ export function accountRoutes(ctx: RouteContext): Route[] {
     if (!form.login.ok) throw new ApiError('recover-fail');
     const login = form.login.value;
     limit([[limits.recoverByLogin, `${req.frontend.id} ${login}`]]);
-    const user = store.userByLogin(req.frontend.id, login);
+    const user = await store.userByLogin(req.frontend.id, login);
     if (form.token.ok && form.token.value === undefined) {
       if (!user) throw new ApiError('recover-fail');
       try {
@@ -45,12 +45,12 @@ export function accountRoutes(ctx: RouteContext): Route[] {
     const password = form.password.ok ? form.password.value : undefined;
     if (!user || token === undefined || password === undefined) throw new ApiError('recover-fail');
     const passwordHash = await guarded(hasher.hash(password));
-    const done = await store.write(() => {
-      const t = store.takeToken(hashSecretValue(token), 'recover', ctx.now(), user.id);
+    const done = await store.write(async (tx) => {
+      const t = await tx.takeToken(hashSecretValue(token), 'recover', ctx.now(), user.id);
       if (!t || t.userId !== user.id) return false;
-      store.updateUser(user.id, { passwordHash });
+      await tx.updateUser(user.id, { passwordHash });
       // Whoever knew the old password is logged out everywhere.
-      store.deleteSessionsOfUser(user.id);
+      await tx.deleteSessionsOfUser(user.id);
       return true;
     });
     if (!done) throw new ApiError('recover-fail');
@@ -114,7 +114,7 @@ export function accountRoutes(ctx: RouteContext): Route[] {
         if (!form.login.ok) throw new ApiError('resend-fail');
         const login = form.login.value;
         limit([[limits.resendByLogin, `${req.frontend.id} ${login}`]]);
-        const user = store.userByLogin(req.frontend.id, login);
+        const user = await store.userByLogin(req.frontend.id, login);
         if (!user || user.confirmed) throw new ApiError('resend-fail');
         try {
           await sendConfirmation(ctx, linkOrigin(config, req), user);
@@ -179,10 +179,10 @@ export function accountRoutes(ctx: RouteContext): Route[] {
         const q = readForm(query(req), ConfirmQuery);
         if (!q.token.ok) throw new ApiError('confirm-fail');
         const token = q.token.value;
-        const userId = await store.write(() => {
-          const t = store.takeToken(hashSecretValue(token), 'confirm', ctx.now());
+        const userId = await store.write(async (tx) => {
+          const t = await tx.takeToken(hashSecretValue(token), 'confirm', ctx.now());
           if (!t) return undefined;
-          store.updateUser(t.userId, { confirmed: true });
+          await tx.updateUser(t.userId, { confirmed: true });
           return t.userId;
         });
         if (userId === undefined) throw new ApiError('confirm-fail');

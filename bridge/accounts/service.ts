@@ -43,10 +43,10 @@ export async function issueToken(deps: AccountDeps, user: User, kind: TokenKind,
   const { store } = deps;
   const token = randomBytes(32).toString('base64url');
   const t = deps.now();
-  await store.write(() => {
+  await store.write(async (tx) => {
     // Only the newest link of a kind works.
-    store.deleteTokensOfUser(user.id, kind);
-    store.createToken({ hash: hashSecretValue(token), kind, userId: user.id, expiresAt: t + hours * HOUR_MS });
+    await tx.deleteTokensOfUser(user.id, kind);
+    await tx.createToken({ hash: hashSecretValue(token), kind, userId: user.id, expiresAt: t + hours * HOUR_MS });
   });
   return token;
 }

@@ -54,7 +54,7 @@ export function commandRoutes(ctx: RouteContext): Route[] {
 
   async function submit(req: FastifyRequest, command: Buffer, priority: 0 | 1 | 2, lifetime: number) {
     const user = userOf(req);
-    const seen = visible(req, user);
+    const seen = await visible(req, user);
     if (!seen) throw new ApiError('device-fail');
     const outcome = await commands.submit(seen.device.id, user.id, command, priority, lifetime);
     if (!outcome.ok) throw new ApiError('device-fail');
@@ -179,13 +179,13 @@ export function commandRoutes(ctx: RouteContext): Route[] {
         404: DEVICE_NOT_FOUND,
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         if (!seen) throw new ApiError('device-not-found');
         const q = readForm(query(req), CommandListQuery);
         if (!q.latest.ok) throw new ApiError('device-fail');
         const asked = q.latest.value === undefined ? 100 : Number(q.latest.value);
         const limit = asked === 0 || asked > 1000 ? 1000 : asked;
-        const list = store.commands.ofDevice(seen.device.id, limit);
+        const list = await store.commands.ofDevice(seen.device.id, limit);
         return sendJson(reply, `[${list.map(renderCommand).join(',')}]`);
       },
     },
@@ -211,9 +211,9 @@ export function commandRoutes(ctx: RouteContext): Route[] {
         },
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         const id = ((req.params as { cmd?: string }).cmd ?? '').toLowerCase();
-        const c = seen && UUID_RE.test(id) ? store.commands.get(id) : undefined;
+        const c = seen && UUID_RE.test(id) ? await store.commands.get(id) : undefined;
         if (!c || c.deviceId !== seen?.device.id) throw new ApiError('device-not-found');
         return sendJson(reply, renderCommand(c));
       },

@@ -7,7 +7,7 @@
 import type { Logger } from '../../lib/log.js';
 import { type CmdStatusMessage, messageId } from '../../protocol/index.js';
 import type { SendDown } from '../devices/link.js';
-import type { BridgeStore } from '../store/types.js';
+import type { BridgeStore, StoreTx } from '../store/types.js';
 import type { NewBridgeCommand, StoredCommand } from './store.js';
 
 export interface CommandServiceOptions {
@@ -50,10 +50,10 @@ export class CommandService {
     const c: NewBridgeCommand = { id, deviceId, userId, command, priority, createdAt: t, expiresAt: t + lifetimeMs };
     // To a connected device it goes right after the commit, so it is recorded `sent` in the same transaction; if the
     // hand-over fails after all, the command is open and goes again at the next hello like any other.
-    const handOver = this.linkUp() && this.connected(deviceId);
-    const added = await store.write(() => {
-      if (store.commands.openCount(deviceId) >= this.o.maxOpen) return false;
-      store.commands.add(c, handOver ? t : undefined);
+    const handOver = this.linkUp() && (await this.connected(deviceId));
+    const added = await store.write(async (tx) => {
+      if ((await tx.commands.openCount(deviceId)) >= this.o.maxOpen) return false;
+      await tx.commands.add(c, handOver ? t : undefined);
       return true;
     });
     if (!added) return { ok: false, reason: 'full' };
@@ -64,12 +64,12 @@ export class CommandService {
   }
 
   /** On hello: every open command that has not expired goes again, oldest first. */
-  onHello(deviceId: string): void {
+  async onHello(deviceId: string): Promise<void> {
     const { store, now } = this.o;
     let after = 0;
     let sent = 0;
     for (;;) {
-      const page = store.commands.open(deviceId, after, 200);
+      const page = await store.commands.open(deviceId, after, 200);
       const t = now();
       const live = page.filter((c) => c.expiresAt > t);
       sent += this.handOver(live);
@@ -80,12 +80,16 @@ export class CommandService {
   }
 
   /** A status report: applied if it moves the command forward; a stale or foreign one changes nothing. */
-  async onStatus(deviceId: string, msg: CmdStatusMessage, alsoInTransaction?: () => void): Promise<void> {
+  async onStatus(
+    deviceId: string,
+    msg: CmdStatusMessage,
+    alsoInTransaction?: (tx: StoreTx) => Promise<void>,
+  ): Promise<void> {
     this.counters.reports++;
     const moved = await this.o.store.write(
-      () => {
-        alsoInTransaction?.();
-        return this.o.store.commands.report(deviceId, msg);
+      async (tx) => {
+        await alsoInTransaction?.(tx);
+        return tx.commands.report(deviceId, msg);
       },
       { durable: false },
     );
@@ -100,7 +104,7 @@ export class CommandService {
     const before = this.o.now() - keepDays * 86_400_000;
     let total = 0;
     for (;;) {
-      const n = await this.o.store.write(() => this.o.store.commands.prune(before, 5000), { durable: false });
+      const n = await this.o.store.write((tx) => tx.commands.prune(before, 5000), { durable: false });
       total += n;
       if (n < 5000) return total;
     }
@@ -108,7 +112,7 @@ export class CommandService {
 
   /** Commands never received whose lifetime ended become `expired`; run every second. */
   async sweep(): Promise<number> {
-    const n = await this.o.store.write(() => this.o.store.commands.expire(this.o.now()), { durable: false });
+    const n = await this.o.store.write((tx) => tx.commands.expire(this.o.now()), { durable: false });
     this.counters.expired += n;
     return n;
   }
@@ -130,8 +134,8 @@ export class CommandService {
     });
   }
 
-  private connected(deviceId: string): boolean {
-    return this.o.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString('utf8') === 'connected';
+  private async connected(deviceId: string): Promise<boolean> {
+    return (await this.o.store.devices.getVar(deviceId, 'meta', 'state'))?.value?.toString('utf8') === 'connected';
   }
 
   private publish(c: NewBridgeCommand | StoredCommand): boolean {
@@ -157,8 +161,8 @@ export class CommandService {
     const t = this.o.now();
     void this.o.store
       .write(
-        () => {
-          for (const id of sent) this.o.store.commands.markSent(id, t);
+        async (tx) => {
+          for (const id of sent) await tx.commands.markSent(id, t);
         },
         { durable: false },
       )

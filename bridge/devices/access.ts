@@ -16,7 +16,7 @@ export interface DeviceAccess {
   /** The logged-in user, or 401 `no-session` (decision 3). */
   userOf: (req: FastifyRequest) => User;
   /** The device the path's `id` names, if this user may see it; `owner` tells whether the user owns it. */
-  visible: (req: FastifyRequest, user: User) => { device: Device; owner: boolean } | undefined;
+  visible: (req: FastifyRequest, user: User) => Promise<{ device: Device; owner: boolean } | undefined>;
 }
 
 export interface AccessDeps {
@@ -33,15 +33,15 @@ export function deviceAccess(deps: AccessDeps): DeviceAccess {
       if (!req.user) throw new ApiError('no-session');
       return req.user;
     },
-    visible(req, user) {
+    async visible(req, user) {
       const raw = (req.params as { id?: string }).id ?? '';
       const ref = parseDeviceRef(raw);
       if (!ref) return undefined;
-      const device = ref.kind === 'uuid' ? devices.device(ref.id) : devices.deviceByAuthcode(ref.authcode);
+      const device = ref.kind === 'uuid' ? await devices.device(ref.id) : await devices.deviceByAuthcode(ref.authcode);
       if (!device) return undefined;
       if (device.ownerId === user.id) return { device, owner: true };
       if (device.ownerId !== null || !req.frontend.config.nearby) return undefined;
-      return devices.heardBy(device.id, user.id, deps.now() - windowMs) ? { device, owner: false } : undefined;
+      return (await devices.heardBy(device.id, user.id, deps.now() - windowMs)) ? { device, owner: false } : undefined;
     },
   };
 }

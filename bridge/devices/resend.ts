@@ -22,7 +22,7 @@ export interface ResendOptions {
   /** The longest wait, ms. */
   maxMs: number;
   /** Whether the device is connected now (its `meta` `state`). */
-  connected: (deviceId: string) => boolean;
+  connected: (deviceId: string) => Promise<boolean>;
   /**
    * Sends again what the device has not acknowledged and was sent at least `firstMs` ago. Resolves to how many
    * items were sent and how many were left for being younger, or `undefined` when the link could not take them
@@ -144,7 +144,7 @@ export class ResendSchedule {
   }
 
   private async turn(deviceId: string, e: Entry): Promise<void> {
-    if (!this.o.connected(deviceId)) {
+    if (!(await this.o.connected(deviceId))) {
       this.entries.delete(deviceId);
       return;
     }

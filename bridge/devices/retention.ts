@@ -150,7 +150,7 @@ export class HistoryRetention {
         if (this.stopped) break;
         const t = performance.now();
         const rows = this.rows;
-        const n = await store.write(() => store.devices.pruneHistory(before, rows), { durable: false });
+        const n = await store.write((tx) => tx.devices.pruneHistory(before, rows), { durable: false });
         r.byAge += n;
         this.removed.age += n;
         r.batches++;
@@ -172,7 +172,7 @@ export class HistoryRetention {
   private async pruneByCount(r: PassResult): Promise<void> {
     const { store } = this.o;
     const keep = this.o.maxPerVariable;
-    const grown = store.devices.takeGrown();
+    const grown = await store.devices.takeGrown();
     let queue: VarKey[] = grown ?? [];
     let at = 0;
     let walkAfter: VarKey | undefined;
@@ -180,7 +180,7 @@ export class HistoryRetention {
     for (;;) {
       if (this.stopped) return;
       if (at === queue.length && walking) {
-        queue = store.devices.varKeys(walkAfter, this.batchVariables);
+        queue = await store.devices.varKeys(walkAfter, this.batchVariables);
         at = 0;
         if (queue.length < this.batchVariables) walking = false;
         walkAfter = queue.at(-1);
@@ -190,11 +190,11 @@ export class HistoryRetention {
       const t = performance.now();
       const rows = this.rows;
       const { removed, done } = await store.write(
-        () => {
+        async (tx) => {
           let left = rows;
           let done = 0;
           for (const key of batch) {
-            left -= store.devices.pruneVariableHistory(key, keep, left);
+            left -= await tx.devices.pruneVariableHistory(key, keep, left);
             // Stopped short: the variable may have more, and goes first in the next batch.
             if (left === 0) break;
             done++;

@@ -84,8 +84,9 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         const user = userOf(req);
-        const owned = devices.deviceIdsOf(user.id);
-        return json(reply, renderCollection(owned.map((id) => [id, devices.deviceJson(id)] as const)));
+        const owned = await devices.deviceIdsOf(user.id);
+        const objects = await Promise.all(owned.map(async (id) => [id, await devices.deviceJson(id)] as const));
+        return json(reply, renderCollection(objects));
       },
     },
     {
@@ -122,13 +123,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         const user = userOf(req);
         const form = readForm(fields(req), ClaimForm);
         if (!req.frontend.config.registration || !form.auth.ok) throw new ApiError('claim-fail');
-        const device = devices.deviceByAuthcode(form.auth.value);
+        const device = await devices.deviceByAuthcode(form.auth.value);
         if (!device) throw new ApiError('claim-fail');
         const product = req.frontend.config;
         if (product.claimRequiresProximity && device.ownerId !== user.id) {
-          if (!devices.heardBy(device.id, user.id, now() - windowMs)) throw new ApiError('claim-fail');
+          if (!(await devices.heardBy(device.id, user.id, now() - windowMs))) throw new ApiError('claim-fail');
         }
-        const outcome = await store.write(() => devices.claim(device.id, user.id, now()));
+        const outcome = await store.write((tx) => tx.devices.claim(device.id, user.id, now()));
         if (outcome === 'taken') throw new ApiError('claim-fail');
         if (outcome === 'claimed') {
           ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
@@ -154,9 +155,9 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         404: DEVICE_NOT_FOUND,
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         if (!seen) throw new ApiError('device-not-found');
-        return json(reply, devices.deviceJson(seen.device.id));
+        return json(reply, await devices.deviceJson(seen.device.id));
       },
     },
     {
@@ -181,13 +182,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         const user = userOf(req);
-        const seen = visible(req, user);
+        const seen = await visible(req, user);
         if (!seen?.owner) throw new ApiError('device-fail');
         const id = seen.device.id;
-        const done = await store.write(() => {
-          if (!devices.unregister(id, user.id)) return false;
+        const done = await store.write(async (tx) => {
+          if (!(await tx.devices.unregister(id, user.id))) return false;
           // The former owner's commands go with the registration.
-          store.commands.deleteOfDevice(id);
+          await tx.commands.deleteOfDevice(id);
           return true;
         });
         if (!done) throw new ApiError('device-fail');
@@ -218,10 +219,10 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         },
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         const type = VarTypeParam.safeParse((req.params as Params).type);
         if (!seen || !type.success) throw new ApiError('device-not-found');
-        return json(reply, renderVars(devices.vars(seen.device.id, type.data)));
+        return json(reply, renderVars(await devices.vars(seen.device.id, type.data)));
       },
     },
     {
@@ -260,7 +261,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         },
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         const v = variable(req);
         if (!seen || !v) throw new ApiError('device-not-found');
         const q = query(req);
@@ -270,9 +271,9 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
           const asked = h.latest.value === undefined ? 0 : Number(h.latest.value);
           const limit = asked === 0 || asked > HISTORY_MAX ? HISTORY_MAX : asked;
           const before = h.from.value === undefined ? undefined : Number(h.from.value);
-          return json(reply, renderHistory(devices.history(seen.device.id, v.type, v.name, limit, before)));
+          return json(reply, renderHistory(await devices.history(seen.device.id, v.type, v.name, limit, before)));
         }
-        const rec = devices.getVar(seen.device.id, v.type, v.name);
+        const rec = await devices.getVar(seen.device.id, v.type, v.name);
         if (!rec || rec.value === null) throw new ApiError('device-not-found');
         // Decision 9: a meta variable reads as its bare value; `d` and `s` as records.
         return json(reply, v.type === 'meta' ? renderBare(rec) : renderRecord(rec)!);
@@ -308,7 +309,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         401: NO_SESSION,
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         const v = variable(req);
         // Decision 22: meta variables are read-only.
         // A body that is not a set of fields is malformed, not "no value" (which would be a sync).
@@ -355,7 +356,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         401: NO_SESSION,
       },
       handler: async (req, reply) => {
-        const seen = visible(req, userOf(req));
+        const seen = await visible(req, userOf(req));
         const v = variable(req);
         if (!seen || !v || v.type === 'meta') throw new ApiError('device-fail');
         // Rule 4: deleting a `d` variable is a version too (a tombstone), synchronised with the device.
@@ -383,10 +384,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         const user = userOf(req);
         // Decision 18, subject to the product's `nearby`: a product without it shows an empty network.
         if (!req.frontend.config.nearby) return json(reply, '{}');
-        const near = devices
-          .nearbyOf(user.id, now() - windowMs)
-          .filter((dev) => dev.authcode !== null && (dev.ownerId === null || dev.ownerId === user.id));
-        return json(reply, renderCollection(near.map((dev) => [dev.authcode!, devices.deviceJson(dev.id)] as const)));
+        const near = (await devices.nearbyOf(user.id, now() - windowMs)).filter(
+          (dev) => dev.authcode !== null && (dev.ownerId === null || dev.ownerId === user.id),
+        );
+        const objects = await Promise.all(
+          near.map(async (dev) => [dev.authcode!, await devices.deviceJson(dev.id)] as const),
+        );
+        return json(reply, renderCollection(objects));
       },
     },
   ];

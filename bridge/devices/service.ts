@@ -26,7 +26,7 @@ import {
   varItem,
 } from '../../protocol/index.js';
 import type { CommandService } from '../commands/service.js';
-import type { BridgeStore } from '../store/types.js';
+import type { BridgeStore, StoreTx } from '../store/types.js';
 import { userOfAuthcode } from '../users/authcode.js';
 import type { SendDown, UpMessage } from './link.js';
 import { ResendSchedule } from './resend.js';
@@ -105,7 +105,8 @@ export class DeviceService {
       now: opts.now,
       firstMs,
       maxMs: opts.resend?.maxMs ?? 300_000,
-      connected: (deviceId) => opts.store.devices.getVar(deviceId, 'meta', 'state')?.value?.toString() === 'connected',
+      connected: async (deviceId) =>
+        (await opts.store.devices.getVar(deviceId, 'meta', 'state'))?.value?.toString() === 'connected',
       resend: (deviceId) => this.resendPending(deviceId, firstMs),
       log: opts.log,
     });
@@ -179,7 +180,7 @@ export class DeviceService {
         const now = this.opts.now();
         // One unit of work for the activity and the report: a busy device sends many.
         work = commands
-          ? commands.onStatus(msg.deviceId, msg.payload, () => this.activity(msg.deviceId, now))
+          ? commands.onStatus(msg.deviceId, msg.payload, (tx) => this.activity(tx, msg.deviceId, now))
           : this.touch(msg.deviceId);
         break;
       }
@@ -196,29 +197,28 @@ export class DeviceService {
   }
 
   /** Records that a device was heard from; `lastactivity` is written at most every `lastActivityMs`. */
-  private activity(deviceId: string, now: number): void {
-    const devices = this.opts.store.devices;
+  private async activity(tx: StoreTx, deviceId: string, now: number): Promise<void> {
+    const devices = tx.devices;
     // A device's row is never removed, so once it is known here it need not be checked again.
-    if (!this.activityWritten.has(deviceId)) devices.touch(deviceId, now);
+    if (!this.activityWritten.has(deviceId)) await devices.touch(deviceId, now);
     const last = this.activityWritten.get(deviceId) ?? -Infinity;
     if (now - last < this.opts.lastActivityMs) return;
     this.activityWritten.set(deviceId, now);
-    devices.setMeta(deviceId, 'lastactivity', String(now), now, 'server', false);
+    await devices.setMeta(deviceId, 'lastactivity', String(now), now, 'server', false);
   }
 
   private touch(deviceId: string): Promise<void> {
     const now = this.opts.now();
-    return this.opts.store.write(() => this.activity(deviceId, now), { durable: false });
+    return this.opts.store.write((tx) => this.activity(tx, deviceId, now), { durable: false });
   }
 
   private async onState(deviceId: string, state: StatePayload): Promise<void> {
     const now = this.opts.now();
     await this.opts.store.write(
-      () => {
-        const devices = this.opts.store.devices;
-        devices.touch(deviceId, now);
-        devices.setMeta(deviceId, 'state', META_STATE[state], now, 'server');
-        if (state === 'online') this.activity(deviceId, now);
+      async (tx) => {
+        await tx.devices.touch(deviceId, now);
+        await tx.devices.setMeta(deviceId, 'state', META_STATE[state], now, 'server');
+        if (state === 'online') await this.activity(tx, deviceId, now);
       },
       { durable: false },
     );
@@ -237,18 +237,19 @@ export class DeviceService {
     const now = this.opts.now();
     if (hello.clock === true) this.skews.set(deviceId, hello.ts - now);
     else this.skews.delete(deviceId);
-    const written = this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      this.activity(deviceId, now);
-      const ok = devices.setAuthcode(deviceId, hello.authcode);
-      devices.setMeta(deviceId, 'unique', deviceId, now, 'device');
-      devices.setMeta(deviceId, 'platform', hello.platform, now, 'device');
-      devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
-      devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
-      devices.setMeta(deviceId, 'state', 'connected', now, 'server');
+    const written = this.opts.store.write(async (tx) => {
+      const devices = tx.devices;
+      await this.activity(tx, deviceId, now);
+      const ok = await devices.setAuthcode(deviceId, hello.authcode);
+      await devices.setMeta(deviceId, 'unique', deviceId, now, 'device');
+      await devices.setMeta(deviceId, 'platform', hello.platform, now, 'device');
+      await devices.setMeta(deviceId, 'fwversion', hello.fwVersion, now, 'device');
+      await devices.setMeta(deviceId, 'agentversion', hello.agentVersion, now, 'device');
+      await devices.setMeta(deviceId, 'state', 'connected', now, 'server');
       // Decision 22: the firmware entries exist from the first hello; the device reports them during an update.
       for (const [name, value] of FW_META_DEFAULTS) {
-        if (!devices.getVar(deviceId, 'meta', name)) devices.setMeta(deviceId, name, value, now, 'server');
+        if (!(await devices.getVar(deviceId, 'meta', name)))
+          await devices.setMeta(deviceId, name, value, now, 'server');
       }
       return !ok;
     });
@@ -268,9 +269,9 @@ export class DeviceService {
     // was away unsent until the device reconnected, however long it stayed connected after space was freed.
     // The answer to the hello is the bridge's clock, so that an agent learns it even when nothing else is due.
     if (hello.clock === true) this.send(deviceId, 'down/vars', { id: messageId(), items: [], now: this.opts.now() });
-    this.catchUp(deviceId);
+    await this.catchUp(deviceId);
     this.resend.reset(deviceId);
-    this.opts.commands?.onHello(deviceId);
+    await this.opts.commands?.onHello(deviceId);
     await this.opts.firmware?.onHello(deviceId);
     // Logged and counted as any message that could not be stored (`device.message_failed`).
     if (failed) throw failed.err;
@@ -280,22 +281,22 @@ export class DeviceService {
    * The bridge's own connection to the broker is up (again): what was changed through the API while it was down
    * goes to the devices that are connected now, without waiting for their next hello.
    */
-  onLinkUp(): void {
-    const ids = this.opts.store.devices.connectedIds();
+  async onLinkUp(): Promise<void> {
+    const ids = await this.opts.store.devices.connectedIds();
     for (const id of ids) {
-      this.catchUp(id);
-      this.opts.commands?.onHello(id);
+      await this.catchUp(id);
+      await this.opts.commands?.onHello(id);
     }
     if (ids.length > 0) this.opts.log.info({ event: 'devices.caught_up', devices: ids.length });
   }
 
   /** Sends again every cloud version and every sync the device has not acknowledged, a page at a time. */
-  catchUp(deviceId: string): number {
+  async catchUp(deviceId: string): Promise<number> {
     const devices = this.opts.store.devices;
     let after = '';
     let sent = 0;
     for (;;) {
-      const page = devices.pending(deviceId, after, PAGE);
+      const page = await devices.pending(deviceId, after, PAGE);
       if (page.length === 0) break;
       const items = pendingItems(page);
       if (!this.sendVars(deviceId, items)) return sent;
@@ -323,7 +324,7 @@ export class DeviceService {
     let after = '';
     const r = { sent: 0, young: 0 };
     for (;;) {
-      const page = devices.pending(deviceId, after, PAGE);
+      const page = await devices.pending(deviceId, after, PAGE);
       if (page.length === 0) break;
       const items: VarItem[] = [];
       for (const rec of page) {
@@ -346,17 +347,18 @@ export class DeviceService {
     const repush: VarItem[] = [];
     const skew = this.skews.get(deviceId);
     let restamped = 0;
-    const acks = await this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      this.activity(deviceId, now);
+    const acks = await this.opts.store.write(async (tx) => {
+      const devices = tx.devices;
+      await this.activity(tx, deviceId, now);
       const out: AckItem[] = [];
       for (const item of msg.items) {
         // A cloud version the device has not acknowledged yet, read only for a version far ahead (rule 2 of
         // docs/sync.md#clocks): the device's change was made without knowing it.
-        const held = item.time > now + CLOCK_TOLERANCE_MS ? devices.getVar(deviceId, item.type, item.name) : undefined;
+        const held =
+          item.time > now + CLOCK_TOLERANCE_MS ? await devices.getVar(deviceId, item.type, item.name) : undefined;
         const unseen = held && held.origin === 'cloud' && held.acked < held.time ? held.time : undefined;
         const time = item.unverified === true || skew !== undefined ? cloudTime(item, skew, now, unseen) : item.time;
-        const r = devices.applyFromDevice(
+        const r = await devices.applyFromDevice(
           deviceId,
           { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
           now,
@@ -367,16 +369,16 @@ export class DeviceService {
           // its own (docs/sync.md#clocks); until the device acknowledges it, it is pending like any cloud change, and
           // a repeat of the item gets it again.
           restamped++;
-          if (r.outcome === 'applied') devices.unack(deviceId, item.type, item.name);
+          if (r.outcome === 'applied') await devices.unack(deviceId, item.type, item.name);
           repush.push({
-            ...varItem(asVersion(devices.getVar(deviceId, item.type, item.name)!), 'push'),
+            ...varItem(asVersion((await devices.getVar(deviceId, item.type, item.name))!), 'push'),
             replaces: item.time,
           });
           continue;
         }
         // A device's sync says "this is what I hold": older than ours means it lost ours, which goes again.
         if (r.outcome === 'older' && item.kind === 'sync' && item.type === 'd') {
-          devices.unack(deviceId, item.type, item.name);
+          await devices.unack(deviceId, item.type, item.name);
           repush.push(varItem(asVersion(r.held), 'push'));
         }
         out.push(ackFor(item));
@@ -396,12 +398,12 @@ export class DeviceService {
     const now = this.opts.now();
     // An acknowledgement stamp promises nothing to anyone: lost, it costs one more push of the same version.
     await this.opts.store.write(
-      () => {
-        const devices = this.opts.store.devices;
-        this.activity(deviceId, now);
+      async (tx) => {
+        const devices = tx.devices;
+        await this.activity(tx, deviceId, now);
         for (const a of acks) {
-          if (a.kind === 'push') devices.ackVersion(deviceId, a.type, a.name, a, now);
-          else if (a.synced !== undefined) devices.ackSync(deviceId, a.type, a.name, a.synced, now);
+          if (a.kind === 'push') await devices.ackVersion(deviceId, a.type, a.name, a, now);
+          else if (a.synced !== undefined) await devices.ackSync(deviceId, a.type, a.name, a.synced, now);
         }
       },
       { durable: false },
@@ -412,24 +414,24 @@ export class DeviceService {
 
   private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
     const now = this.opts.now();
-    await this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      this.activity(deviceId, now);
+    await this.opts.store.write(async (tx) => {
+      const devices = tx.devices;
+      await this.activity(tx, deviceId, now);
       // The presence and identity entries are the bridge's own; a device cannot overwrite them.
       for (const [name, value] of Object.entries(meta)) {
         if (RESERVED_META.has(name)) continue;
-        devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
+        await devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
       }
       // An agent that predates failure codes reports `fwerror` alone: a code left from an earlier report would
       // name another failure, so the code is emptied (docs/firmware.md, "Failure codes").
       if (meta.fwerror !== undefined && meta.fwerrorcode === undefined) {
-        devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
+        await devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
       }
       // A final firmware state ends the device's open job (docs/decisions.md §7).
       const fwstate = meta.fwstate;
       if (fwstate !== undefined && isFwFinalState(fwstate)) {
-        const job = this.opts.store.fwJobs.openOf(deviceId);
-        if (job) this.opts.store.fwJobs.end(job.id, fwstate, now);
+        const job = await tx.fwJobs.openOf(deviceId);
+        if (job) await tx.fwJobs.end(job.id, fwstate, now);
       }
     });
   }
@@ -446,15 +448,15 @@ export class DeviceService {
     let unknown = 0;
     let foreign = 0;
     await this.opts.store.write(
-      () => {
-        const devices = this.opts.store.devices;
-        this.activity(deviceId, now);
-        const owner = devices.device(deviceId)?.ownerId ?? null;
+      async (tx) => {
+        const devices = tx.devices;
+        await this.activity(tx, deviceId, now);
+        const owner = (await devices.device(deviceId))?.ownerId ?? null;
         for (const h of heard) {
-          const user = userOfAuthcode(this.opts.store, h.authcode, now);
+          const user = await userOfAuthcode(tx, h.authcode, now);
           if (!user) unknown++;
           else if (owner !== null && owner !== user.id) foreign++;
-          else devices.heard(deviceId, user.id, now);
+          else await devices.heard(deviceId, user.id, now);
         }
       },
       { durable: false },
@@ -477,15 +479,15 @@ export class DeviceService {
    */
   async setVar(deviceId: string, type: 'd' | 's', name: string, value: Buffer | null): Promise<boolean> {
     const now = this.opts.now();
-    const rec = await this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      const cur = devices.getVar(deviceId, type, name);
+    const rec = await this.opts.store.write(async (tx) => {
+      const devices = tx.devices;
+      const cur = await devices.getVar(deviceId, type, name, { forUpdate: true });
       if (value === null && (!cur || cur.value === null)) return undefined;
       const time = cur ? Math.max(now, cur.time + 1) : now;
       const v = { type, name, value, time, origin: 'cloud' as const };
       // An `s` version is never pushed: it is acknowledged by being on the server.
-      devices.putVersion(deviceId, v, type === 'd' ? 0 : time, 'user');
-      return devices.getVar(deviceId, type, name)!;
+      await devices.putVersion(deviceId, v, type === 'd' ? 0 : time, 'user');
+      return (await devices.getVar(deviceId, type, name))!;
     });
     if (!rec) return false;
     if (type === 'd') this.sendVars(deviceId, [varItem(asVersion(rec), 'push')]);
@@ -495,12 +497,12 @@ export class DeviceService {
   /** Rule 3: re-sends the current version of a `d` variable; `false` when there is none. */
   async syncVar(deviceId: string, name: string): Promise<boolean> {
     const now = this.opts.now();
-    const rec = await this.opts.store.write(() => {
-      const devices = this.opts.store.devices;
-      const cur = devices.getVar(deviceId, 'd', name);
+    const rec = await this.opts.store.write(async (tx) => {
+      const devices = tx.devices;
+      const cur = await devices.getVar(deviceId, 'd', name, { forUpdate: true });
       if (!cur || cur.value === null) return undefined;
-      devices.markSynced(deviceId, 'd', name, now);
-      return devices.getVar(deviceId, 'd', name)!;
+      await devices.markSynced(deviceId, 'd', name, now);
+      return (await devices.getVar(deviceId, 'd', name))!;
     });
     if (!rec) return false;
     this.sendVars(deviceId, [varItem(asVersion(rec), 'sync')]);
@@ -523,7 +525,7 @@ export class DeviceService {
   /** Hourly: nearby entries past the window. History has its own retention (`retention`). */
   async prune(): Promise<{ nearby: number }> {
     const { store } = this.opts;
-    const nearby = await store.write(() => store.devices.pruneNearby(this.opts.now() - this.opts.nearbyWindowMs), {
+    const nearby = await store.write((tx) => tx.devices.pruneNearby(this.opts.now() - this.opts.nearbyWindowMs), {
       durable: false,
     });
     return { nearby };

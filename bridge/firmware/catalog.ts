@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { fsyncPath } from '../../lib/fsutil.js';
 import { z } from 'zod';
 import type { Db, Migration } from '../../lib/sqlite.js';
+import type { FirmwareRepo } from '../store/types.js';
 
 export const FIRMWARE_MIGRATION: Migration = (db) => {
   db.exec(`
@@ -239,8 +240,8 @@ export async function importImage(imageDir: string, file: string): Promise<{ siz
 }
 
 /** Removes an image file that no record names (after a refused add). */
-export async function removeUnusedImage(store: FirmwareStore, sha256: string): Promise<void> {
-  if (store.isUsed(sha256)) return;
+export async function removeUnusedImage(store: FirmwareRepo, sha256: string): Promise<void> {
+  if (await store.isUsed(sha256)) return;
   await unlink(store.imagePath({ sha256 })).catch(() => undefined);
   await fsyncPath(store.imageDir);
 }

@@ -220,7 +220,7 @@ async function add(config: BridgeConfig, file: string | undefined, args: Firmwar
       signature: signFirmware(identity, signKey),
       addedAt: Date.now(),
     };
-    const r = catalog.add(image);
+    const r = await catalog.add(image);
     if (r.outcome === 'conflict') {
       await removeUnusedImage(catalog, copied.sha256);
       io.err(
@@ -231,7 +231,7 @@ async function add(config: BridgeConfig, file: string | undefined, args: Firmwar
     io.out(args.json ? JSON.stringify(r.image) : describe(r.image));
     return 0;
   } finally {
-    store.close();
+    await store.close();
   }
 }
 
@@ -247,14 +247,14 @@ function describe(f: FirmwareImage): string {
   ].join('  ');
 }
 
-function list(config: BridgeConfig, json: boolean, io: Io): number {
+async function list(config: BridgeConfig, json: boolean, io: Io): Promise<number> {
   const store = new SqliteStore(config.dataDir);
   try {
-    const all = store.firmware.list();
+    const all = await store.firmware.list();
     if (json) io.out(JSON.stringify(all));
     else for (const f of all) io.out(describe(f));
     return 0;
   } finally {
-    store.close();
+    await store.close();
   }
 }

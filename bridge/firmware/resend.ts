@@ -21,22 +21,22 @@ export interface FirmwareResendDeps {
 
 export async function resendFirmwareJob(deps: FirmwareResendDeps, deviceId: string): Promise<void> {
   const { store, log } = deps;
-  const job = store.fwJobs.openOf(deviceId);
+  const job = await store.fwJobs.openOf(deviceId);
   if (!job) return;
   if (job.cancelled) {
     deps.sendDown(deviceId, 'down/fw', { id: randomUUID(), action: 'cancel', job: job.id });
     return;
   }
-  const image = store.firmware.byName(job.name);
+  const image = await store.firmware.byName(job.name);
   if (!image || image.sha256 !== job.sha256 || job.url === null) {
     // The image left the catalog (or the job predates stored URLs): the device cannot fetch it any more.
-    await store.write(() => store.fwJobs.end(job.id, 'image-gone', deps.now()));
+    await store.write((tx) => tx.fwJobs.end(job.id, 'image-gone', deps.now()));
     log.warn({ event: 'fw.job_ended', deviceId, job: job.id, reason: 'the image is no longer in the catalog' });
     return;
   }
   const token = randomBytes(32).toString('base64url');
   const now = deps.now();
-  await store.write(() => store.fwJobs.renewToken(job.id, token, now + deps.tokenHours * 3_600_000));
+  await store.write((tx) => tx.fwJobs.renewToken(job.id, token, now + deps.tokenHours * 3_600_000));
   const sent = deps.sendDown(deviceId, 'down/fw', {
     id: randomUUID(),
     action: 'start',

@@ -24,12 +24,13 @@ import type { RouteContext } from '../http/context.js';
 import { NO_SESSION, token } from '../http/outcomes.js';
 import { send, sendJson } from '../http/reply.js';
 import { type Route, named } from '../http/route.js';
+import type { StoreTx } from '../store/types.js';
 import { FirmwareList, FirmwareName, firmwareJson } from './catalog.js';
 
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 /** The current value of a device's variable, as text. */
-const metaValue = (ctx: RouteContext, deviceId: string, type: 'd' | 'meta', name: string): string | undefined =>
-  ctx.store.devices.getVar(deviceId, type, name)?.value?.toString('utf8');
+const metaValue = async (tx: StoreTx, deviceId: string, type: 'd' | 'meta', name: string) =>
+  (await tx.devices.getVar(deviceId, type, name))?.value?.toString('utf8');
 
 /**
  * `bytes=N-`, `bytes=N-M` or `bytes=-N` (the last N bytes), one range; `undefined` when there is none or it is in
@@ -59,11 +60,11 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
 
   async function start(req: FastifyRequest) {
     const user = userOf(req);
-    const seen = visible(req, user);
+    const seen = await visible(req, user);
     if (!seen) throw new ApiError('device-fail');
     const raw = (req.params as { '*'?: string })['*'] ?? '';
     const name = FirmwareName.safeParse(raw);
-    const image = name.success ? catalog.byName(name.data) : undefined;
+    const image = name.success ? await catalog.byName(name.data) : undefined;
     if (!image) throw new ApiError('device-fwup-name-fail');
     const id = seen.device.id;
     const t = now();
@@ -71,20 +72,20 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
     const jobId = randomUUID();
     const base = config.firmware.baseUrl ?? config.http.publicUrl ?? `${req.protocol}://${req.headers.host ?? ''}`;
     const url = `${base.replace(/\/+$/, '')}/0/firmware/jobs/${jobId}/image`;
-    const outcome = await store.write(() => {
-      if (metaValue(ctx, id, 'd', 'mode') !== 'connected') return 'not-connected-mode' as const;
-      if (metaValue(ctx, id, 'meta', 'state') !== 'connected') return 'not-connected' as const;
-      const platform = metaValue(ctx, id, 'meta', 'platform');
+    const outcome = await store.write(async (tx) => {
+      if ((await metaValue(tx, id, 'd', 'mode')) !== 'connected') return 'not-connected-mode' as const;
+      if ((await metaValue(tx, id, 'meta', 'state')) !== 'connected') return 'not-connected' as const;
+      const platform = await metaValue(tx, id, 'meta', 'platform');
       if (platform === undefined || !image.from.includes(platform)) return 'platform' as const;
-      const open = jobs.openOf(id);
-      const fwstate = metaValue(ctx, id, 'meta', 'fwstate') ?? 'idle';
+      const open = await tx.fwJobs.openOf(id);
+      const fwstate = (await metaValue(tx, id, 'meta', 'fwstate')) ?? 'idle';
       const running = fwstate !== 'idle' && !FW_FINAL_STATES.has(fwstate);
       if (open) {
         // A job whose token has expired while the device reports nothing running is over.
         if (open.tokenExpires > t || running) return 'running' as const;
-        jobs.end(open.id, 'abandoned', t);
+        await tx.fwJobs.end(open.id, 'abandoned', t);
       } else if (running) return 'running' as const;
-      jobs.add({
+      await tx.fwJobs.add({
         id: jobId,
         deviceId: id,
         name: image.name,
@@ -116,7 +117,7 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
       signature: image.signature,
     });
     if (!sent) {
-      await store.write(() => jobs.end(jobId, 'undelivered', now()));
+      await store.write((tx) => tx.fwJobs.end(jobId, 'undelivered', now()));
       throw new ApiError('device-fwup-start-fail');
     }
     log.info({ event: 'fw.started', deviceId: id, job: jobId, name: image.name, version: image.version });
@@ -177,16 +178,16 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
     },
     handler: async (req, reply) => {
       const user = userOf(req);
-      const seen = visible(req, user);
+      const seen = await visible(req, user);
       if (!seen) throw new ApiError('firmware-fail');
       const id = seen.device.id;
-      const job = jobs.openOf(id);
-      const fwstate = metaValue(ctx, id, 'meta', 'fwstate') ?? 'idle';
+      const job = await jobs.openOf(id);
+      const fwstate = (await metaValue(store, id, 'meta', 'fwstate')) ?? 'idle';
       if (!job || FW_AFTER_SWITCH.has(fwstate)) throw new ApiError('firmware-fail');
       if (!ctx.devices.sendDown(id, 'down/fw', { id: randomUUID(), action: 'cancel', job: job.id })) {
         throw new ApiError('firmware-fail');
       }
-      await store.write(() => jobs.markCancelled(job.id));
+      await store.write((tx) => tx.fwJobs.markCancelled(job.id));
       log.info({ event: 'fw.cancel_sent', deviceId: id, job: job.id });
       return send(reply, 200, 'firmware-ok');
     },
@@ -209,7 +210,7 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         userOf(req);
-        return sendJson(reply, JSON.stringify(catalog.list().map(firmwareJson)));
+        return sendJson(reply, JSON.stringify((await catalog.list()).map(firmwareJson)));
       },
     },
     startRoute('fw', 'startFirmwareUpdate', false),
@@ -244,7 +245,7 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
       handler: async (req, reply) => {
         const jobId = ((req.params as { job?: string }).job ?? '').toLowerCase();
         const auth = /^Bearer ([A-Za-z0-9_-]{1,128})$/.exec(req.headers.authorization ?? '');
-        const job = UUID_RE.test(jobId) && auth ? jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
+        const job = UUID_RE.test(jobId) && auth ? await jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
         if (!job) throw new ApiError('fw-token-fail');
         const path = catalog.imagePath(job);
         const range = parseRange(req.headers.range, job.size);

@@ -42,21 +42,21 @@ function parseSettings(pairs: string[], io: Io): { settings: Record<string, bool
   return name === undefined ? { settings } : { settings, name };
 }
 
-export function frontendCommand(
+export async function frontendCommand(
   config: BridgeConfig,
   params: string[],
   json: boolean,
   name: string | undefined,
   io: Io,
   now: number,
-): number {
+): Promise<number> {
   const [sub, ...rest] = params;
   const store = new SqliteStore(config.dataDir);
   try {
     switch (sub) {
       case 'list': {
-        ensureDefaultFrontend(store, now);
-        const all = store.frontends();
+        await ensureDefaultFrontend(store, now);
+        const all = await store.frontends();
         if (json) io.out(JSON.stringify(all));
         else
           for (const f of all)
@@ -73,13 +73,13 @@ export function frontendCommand(
           isDefault: false,
           createdAt: now,
         };
-        store.createFrontend(f);
+        await store.createFrontend(f);
         io.out(json ? JSON.stringify(f) : f.id);
         return 0;
       }
       case 'set': {
         const [id, ...pairs] = rest;
-        const f = id ? store.frontend(id) : undefined;
+        const f = id ? await store.frontend(id) : undefined;
         if (!f) {
           io.err(`devcloud-bridge: no frontend ${id ?? '(missing id)'}`);
           return 1;
@@ -90,9 +90,13 @@ export function frontendCommand(
           io,
         );
         if (!parsed) return 2;
-        store.setFrontendConfig(f.id, ProductConfig.parse({ ...f.config, ...parsed.settings }), parsed.name ?? name);
-        if (makeDefault) store.setDefaultFrontend(f.id);
-        const updated = store.frontend(f.id)!;
+        await store.setFrontendConfig(
+          f.id,
+          ProductConfig.parse({ ...f.config, ...parsed.settings }),
+          parsed.name ?? name,
+        );
+        if (makeDefault) await store.setDefaultFrontend(f.id);
+        const updated = (await store.frontend(f.id))!;
         io.out(json ? JSON.stringify(updated) : `${updated.id}  ${updated.name}  ${JSON.stringify(updated.config)}`);
         return 0;
       }
@@ -101,6 +105,6 @@ export function frontendCommand(
         return 2;
     }
   } finally {
-    store.close();
+    await store.close();
   }
 }

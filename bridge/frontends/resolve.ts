@@ -27,24 +27,24 @@ function appParam(req: FastifyRequest): string | null | undefined {
 }
 
 /** The frontend, or `undefined` when the request names an unknown one or none while there is no default. */
-export function resolveFrontend(
+export async function resolveFrontend(
   req: FastifyRequest,
   store: BridgeStore,
   allowDefault: boolean,
-): { frontend: Frontend; source: FrontendSource } | undefined {
+): Promise<{ frontend: Frontend; source: FrontendSource } | undefined> {
   const host = (req.headers.host ?? '').toLowerCase();
   const label = host.split('.')[0] ?? '';
   if (host.includes('.') && isFrontendId(label)) {
-    const f = store.frontend(label);
+    const f = await store.frontend(label);
     return f ? { frontend: f, source: 'host' } : undefined;
   }
   const app = appParam(req);
   if (app === null) return undefined;
   if (app !== undefined) {
-    const f = isFrontendId(app.toLowerCase()) ? store.frontend(app.toLowerCase()) : undefined;
+    const f = isFrontendId(app.toLowerCase()) ? await store.frontend(app.toLowerCase()) : undefined;
     return f ? { frontend: f, source: 'app' } : undefined;
   }
   if (!allowDefault) return undefined;
-  const f = store.defaultFrontend();
+  const f = await store.defaultFrontend();
   return f ? { frontend: f, source: 'default' } : undefined;
 }

@@ -22,19 +22,13 @@ export function registerFrontendAndSession(app: FastifyInstance, deps: FrontendD
   app.decorateRequest('session', undefined);
   app.decorateRequest('user', undefined);
 
-  app.addHook('preHandler', (req, _reply, done) => {
-    if (req.routeOptions.config?.route?.device) {
-      done();
-      return;
-    }
-    const resolved = resolveFrontend(req, store, config.frontends.allowDefault);
-    if (!resolved) {
-      done(new ApiError('not-found'));
-      return;
-    }
+  app.addHook('preHandler', async (req) => {
+    if (req.routeOptions.config?.route?.device) return;
+    const resolved = await resolveFrontend(req, store, config.frontends.allowDefault);
+    if (!resolved) throw new ApiError('not-found');
     req.frontend = resolved.frontend;
     req.frontendSource = resolved.source;
-    const found = readSession(req, store, config, now());
+    const found = await readSession(req, store, config, now());
     if (found && found.session.frontendId === req.frontend.id) {
       const session = found.session;
       req.session = session;
@@ -42,9 +36,8 @@ export function registerFrontendAndSession(app: FastifyInstance, deps: FrontendD
       // Sliding idle timeout (decision 2), written at most once a minute per session and without fsync: losing
       // a touch only makes a session look a minute older.
       if (now() - session.lastSeenAt > 60_000) {
-        void store.write(() => store.touchSession(session.idHash, now()), { durable: false }).catch(() => undefined);
+        void store.write((tx) => tx.touchSession(session.idHash, now()), { durable: false }).catch(() => undefined);
       }
     }
-    done();
   });
 }

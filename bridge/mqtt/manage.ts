@@ -17,8 +17,8 @@ import { Dynsec, type EnrolRequest } from './dynsec.js';
 
 /** What the dynamic security side needs from the store: the devices' secret hashes (bridge/store/sqlite.ts). */
 export interface CredentialStore {
-  secretHash(deviceId: string): string | undefined;
-  enroll(deviceId: string, secretHash: string, at: number): void;
+  secretHash(deviceId: string): Promise<string | undefined>;
+  enroll(deviceId: string, secretHash: string, at: number): Promise<void>;
 }
 
 function readSecretFile(path: string, what: string): string {
@@ -88,7 +88,7 @@ export function startManagedBroker(opts: {
   const limits = new RateLimiter({ limit: m.enrolLimits.total, windowMs: m.enrolLimits.windowMs });
   const enrol = async (req: EnrolRequest): Promise<void> => {
     const { deviceId, secret } = req;
-    if (store.secretHash(deviceId) !== undefined) {
+    if ((await store.secretHash(deviceId)) !== undefined) {
       log.warn({ event: 'dynsec.enrol_refused', deviceId, reason: 'known device' });
       return;
     }
@@ -100,7 +100,7 @@ export function startManagedBroker(opts: {
       log.warn({ event: 'dynsec.enrol_refused', deviceId, reason: 'client exists' });
       return;
     }
-    store.enroll(deviceId, hashSecret(secret), opts.now());
+    await store.enroll(deviceId, hashSecret(secret), opts.now());
     log.info({ event: 'dynsec.enrolled', deviceId });
   };
   if (enrolPassword !== undefined) {
@@ -186,7 +186,7 @@ export async function provisionDevices(
       if (dynsec && !(await dynsec.createDevice(identity.deviceId, identity.secret))) {
         throw new Error(`the broker has a client ${identity.deviceId} already`);
       }
-      store.enroll(identity.deviceId, hashSecret(identity.secret), args.now());
+      await store.enroll(identity.deviceId, hashSecret(identity.secret), args.now());
       const file = join(resolve(args.outDir), `${identity.deviceId}.json`);
       writeFileAtomic(file, `${JSON.stringify(identity, null, 2)}\n`, 0o600);
       io.out(file);

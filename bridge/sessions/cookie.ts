@@ -32,15 +32,15 @@ export function cookieValue(req: FastifyRequest): string | undefined {
 }
 
 /** The request's session and its user, if its cookie names a session that has not expired. */
-export function readSession(
+export async function readSession(
   req: FastifyRequest,
   store: BridgeStore,
   config: BridgeConfig,
   now: number,
-): { session: Session; user: User | undefined } | undefined {
+): Promise<{ session: Session; user: User | undefined } | undefined> {
   const value = cookieValue(req);
   if (value === undefined) return undefined;
-  const found = store.sessionWithUser(hashSecretValue(value));
+  const found = await store.sessionWithUser(hashSecretValue(value));
   if (!found) return undefined;
   const s = found.session;
   if (now - s.lastSeenAt > config.sessions.idleDays * DAY_MS) return undefined;
@@ -79,9 +79,9 @@ export async function startSession(
 ): Promise<void> {
   const id = newSessionId();
   const old = req.session;
-  await store.write(() => {
-    if (old) store.deleteSession(old.idHash);
-    store.createSession({ idHash: id.hash, frontendId: req.frontend.id, userId, createdAt: now, lastSeenAt: now });
+  await store.write(async (tx) => {
+    if (old) await tx.deleteSession(old.idHash);
+    await tx.createSession({ idHash: id.hash, frontendId: req.frontend.id, userId, createdAt: now, lastSeenAt: now });
   });
   setSessionCookie(req, reply, id.value, config);
 }

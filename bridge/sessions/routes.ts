@@ -75,7 +75,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
           [limits.loginByLoginAndAddress, pair],
           [limits.loginByLogin, `${req.frontend.id} ${login}`],
         ]);
-        const user = store.userByLogin(req.frontend.id, login);
+        const user = await store.userByLogin(req.frontend.id, login);
         const ok = user
           ? await guarded(hasher.verify(password, user.passwordHash))
           : await guarded(hasher.verifyNothing(password));
@@ -91,7 +91,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
           // Stronger parameters since this hash was made: upgrade it now that the password is at hand.
           void hasher
             .hash(password)
-            .then((passwordHash) => store.write(() => store.updateUser(user.id, { passwordHash })))
+            .then((passwordHash) => store.write((tx) => tx.updateUser(user.id, { passwordHash })))
             .catch(() => undefined);
         }
         return send(reply, 201, 'login-ok');
@@ -160,11 +160,11 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
         const login = form.login.value;
         const password = form.password.value;
         // Cheap check first, so that a taken login costs no hash; the unique index decides races.
-        if (store.userByLogin(req.frontend.id, login)) throw new ApiError('signup-fail-already-exists');
+        if (await store.userByLogin(req.frontend.id, login)) throw new ApiError('signup-fail-already-exists');
         const passwordHash = await guarded(hasher.hash(password));
         const t = now();
-        const user = await store.write(() =>
-          store.createUser({ frontendId: req.frontend.id, login, passwordHash, authcode: newAuthcode(), now: t }),
+        const user = await store.write((tx) =>
+          tx.createUser({ frontendId: req.frontend.id, login, passwordHash, authcode: newAuthcode(), now: t }),
         );
         if (!user) throw new ApiError('signup-fail-already-exists');
         await startSession(req, reply, store, config, user.id, t);

@@ -116,7 +116,13 @@ export interface DeviceRepo {
   /** Unregisters a device: its `s` variables, history and nearby rows go; `d` and `meta` stay. */
   unregister(deviceId: string, userId: number): Promise<boolean>;
 
-  getVar(deviceId: string, type: VarType, name: string): Promise<VarRecord | undefined>;
+  /** `forUpdate`: as `StoreTx.userById`, for a read-modify-write of the variable (a user's change, a sync). */
+  getVar(
+    deviceId: string,
+    type: VarType,
+    name: string,
+    options?: { forUpdate?: boolean },
+  ): Promise<VarRecord | undefined>;
   vars(deviceId: string, type?: VarType): Promise<VarRecord[]>;
   /** Writes a version (with `acked` as given) and, unless `history` is false, its history entry. */
   putVersion(deviceId: string, v: NewVersion, acked: number, by: SetBy, history?: boolean): Promise<void>;
@@ -212,7 +218,11 @@ export interface StoreTx {
   /** `undefined` when the login is taken in that frontend. */
   createUser(u: NewUser): Promise<User | undefined>;
   userByLogin(frontendId: string, login: string): Promise<User | undefined>;
-  userById(id: number): Promise<User | undefined>;
+  /**
+   * `forUpdate`: inside `write`, the row stays locked until the transaction ends, so that a read-modify-write of
+   * the user (its data, its authcode's rotation) does not lose a concurrent one (PostgreSQL; SQLite has one writer).
+   */
+  userById(id: number, options?: { forUpdate?: boolean }): Promise<User | undefined>;
   /** Matches the current and, within its grace hour, the previous authcode. */
   userByAuthcode(authcode: string): Promise<User | undefined>;
   updateUser(id: number, patch: UserPatch): Promise<void>;

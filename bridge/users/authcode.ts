@@ -4,7 +4,7 @@
  * that has not fetched the new one yet is still recognised.
  */
 import { randomBytes } from 'node:crypto';
-import type { BridgeStore, User } from '../store/types.js';
+import type { BridgeStore, StoreTx, User } from '../store/types.js';
 
 export const AUTHCODE_ROTATE_MS = 24 * 3_600_000;
 export const AUTHCODE_GRACE_MS = 3_600_000;
@@ -16,19 +16,19 @@ export function newAuthcode(): string {
 /** The user's authcode now, rotating it first when it is older than a day. */
 export async function currentAuthcode(store: BridgeStore, user: User, now: number): Promise<string> {
   if (now - user.authcodeRotatedAt < AUTHCODE_ROTATE_MS) return user.authcode;
-  return store.write(() => {
+  return store.write(async (tx) => {
     // Read again inside the transaction: a concurrent request may have rotated it already.
-    const fresh = store.userById(user.id);
+    const fresh = await tx.userById(user.id, { forUpdate: true });
     if (!fresh || now - fresh.authcodeRotatedAt < AUTHCODE_ROTATE_MS) return fresh?.authcode ?? user.authcode;
     const authcode = newAuthcode();
-    store.updateUser(user.id, { authcode, authcodePrev: fresh.authcode, authcodeRotatedAt: now });
+    await tx.updateUser(user.id, { authcode, authcodePrev: fresh.authcode, authcodeRotatedAt: now });
     return authcode;
   });
 }
 
 /** The user an authcode heard from a phone belongs to: the current one, or the previous one within its hour. */
-export function userOfAuthcode(store: BridgeStore, authcode: string, now: number): User | undefined {
-  const user = store.userByAuthcode(authcode);
+export async function userOfAuthcode(store: StoreTx, authcode: string, now: number): Promise<User | undefined> {
+  const user = await store.userByAuthcode(authcode);
   if (!user) return undefined;
   if (user.authcode === authcode) return user;
   return now - user.authcodeRotatedAt < AUTHCODE_GRACE_MS ? user : undefined;

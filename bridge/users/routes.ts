@@ -79,14 +79,14 @@ export function userRoutes(ctx: RouteContext): Route[] {
         if (!form.success) throw new ApiError('user-data-fail');
         const incoming = form.data;
         const limit = config.accounts.userDataBytes;
-        const outcome = await store.write(() => {
+        const outcome = await store.write(async (tx) => {
           // Merged inside the transaction, so that concurrent posts do not lose each other's fields.
-          const fresh = store.userById(user.id);
+          const fresh = await tx.userById(user.id, { forUpdate: true });
           if (!fresh) return 'gone' as const;
           const data = { ...(JSON.parse(fresh.data) as Record<string, unknown>), ...incoming };
           const text = JSON.stringify(data);
           if (Buffer.byteLength(text, 'utf8') > limit) return 'too-large' as const;
-          store.updateUser(user.id, { data: text });
+          await tx.updateUser(user.id, { data: text });
           return 'ok' as const;
         });
         if (outcome === 'too-large') throw new ApiError('user-data-failed');
