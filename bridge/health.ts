@@ -123,7 +123,7 @@ export function healthRoutes(deps: HealthDeps): Route[] {
   const checkDatabase = async (): Promise<boolean> => {
     try {
       // Through the write path, so that a closed or locked database fails here as a write would.
-      await store.write(() => store.devices.count(), { durable: false });
+      await store.write((tx) => tx.devices.count(), { durable: false });
       await access(deps.dataDir, constants.W_OK);
       if (!databaseWasOk) log.info({ event: 'health.database_ok' });
       databaseWasOk = true;
