@@ -9,6 +9,7 @@ import { createLogger } from '../lib/log.js';
 import { safeUrl } from '../lib/url.js';
 import { VERSION } from '../lib/version.js';
 import { Bridge } from './bridge.js';
+import { commandLog } from './command-log.js';
 import { BRIDGE_OPTIONS, type BridgeConfig, loadBridgeConfig } from './config.js';
 import { FIRMWARE_FLAGS, FIRMWARE_USAGE, type FirmwareFlag, firmwareCommand } from './firmware/cli.js';
 import { frontendCommand } from './frontends/cli.js';
@@ -16,7 +17,8 @@ import { provisionDevices, setDeviceEnabled } from './mqtt/manage.js';
 import { PartError } from './part.js';
 import { migratePostgres } from './store/postgres/migrate.js';
 import { openPostgres } from './store/postgres/pool.js';
-import { SqliteStore } from './store/sqlite.js';
+import { openStore } from './store/open.js';
+import type { BridgeStore } from './store/types.js';
 
 const USAGE = `devcloud-bridge ${VERSION}: the devcloud cloud side
 
@@ -108,16 +110,6 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
     io.err('Run devcloud-bridge --help for the options.');
     return 2;
   }
-  if (config.database.url !== undefined && opensStore(command, params)) {
-    io.err(
-      command === 'run'
-        ? 'devcloud-bridge: database.url is set, but the PostgreSQL store is not yet served by run (only migrate ' +
-            'uses it; docs/scaling.md): unset database.url to run on SQLite in dataDir'
-        : `devcloud-bridge: database.url is set, but ${command} ${params[0]} works only on SQLite in dataDir so far ` +
-            '(only migrate uses PostgreSQL; docs/scaling.md): unset database.url',
-    );
-    return 2;
-  }
   switch (command) {
     case 'run':
       if (params.length > 0) {
@@ -139,26 +131,6 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
   }
 }
 
-/**
- * Whether a command works on the bridge's store, which is SQLite in `dataDir` whatever `database.url` says until the
- * store on PostgreSQL is built (docs/scaling.md): such a command refuses to run with `database.url` set.
- */
-function opensStore(command: string, params: string[]): boolean {
-  const sub = params[0] ?? '';
-  switch (command) {
-    case 'run':
-      return true;
-    case 'frontend':
-      return ['create', 'list', 'set'].includes(sub);
-    case 'firmware':
-      return ['add', 'list'].includes(sub);
-    case 'device':
-      return sub === 'provision';
-    default:
-      return false;
-  }
-}
-
 /** `devcloud-bridge migrate`: applies the PostgreSQL migrations to `database.url`, and says the versions. */
 async function migrateCommand(config: BridgeConfig, params: string[], json: boolean, io: Io): Promise<number> {
   if (params.length > 0) {
@@ -170,13 +142,7 @@ async function migrateCommand(config: BridgeConfig, params: string[], json: bool
     io.err('devcloud-bridge: migrate needs database.url: --database-url URL, DEVCLOUD_DATABASE_URL or the config file');
     return 2;
   }
-  // Stdout carries the versions; the log goes to stderr, warnings and worse unless more is asked.
-  const log = createLogger({
-    level: config.log.level === 'info' ? 'warn' : config.log.level,
-    pretty: 'never',
-    base: { service: 'devcloud-bridge' },
-    destination: process.stderr,
-  });
+  const log = commandLog(config);
   try {
     const pool = await openPostgres(url, log, { poolSize: config.database.poolSize });
     try {
@@ -205,13 +171,7 @@ async function deviceCommand(
   io: Io,
 ): Promise<number> {
   const [sub, id, ...extra] = params;
-  // Stdout carries the command's output (file paths); the log goes to stderr, warnings and worse unless more is asked.
-  const log = createLogger({
-    level: config.log.level === 'info' ? 'warn' : config.log.level,
-    pretty: 'never',
-    base: { service: 'devcloud-bridge' },
-    destination: process.stderr,
-  });
+  const log = commandLog(config);
   const wantsId = sub === 'enable' || sub === 'disable';
   if (sub !== 'provision' && !wantsId) {
     io.err('devcloud-bridge: device needs one of provision, enable, disable');
@@ -223,7 +183,7 @@ async function deviceCommand(
   }
   try {
     if (wantsId) return await setDeviceEnabled(config, id!, sub === 'enable', io, log);
-    const store = new SqliteStore(config.dataDir);
+    const store = await openStore(config, log);
     try {
       return await provisionDevices(config, store.credentials, { ...args, now: Date.now }, io, log);
     } finally {
@@ -248,9 +208,9 @@ async function runBridge(config: BridgeConfig, io: Io): Promise<number> {
     log.fatal({ event: 'bridge.start_failed', ...(err instanceof PartError ? { part: err.part } : {}), err: msg });
     return 1;
   };
-  let store: SqliteStore;
+  let store: BridgeStore;
   try {
-    store = new SqliteStore(config.dataDir, log, { backgroundCheckpoints: true });
+    store = await openStore(config, log, { backgroundCheckpoints: true });
   } catch (err) {
     return failed(err);
   }

@@ -25,7 +25,8 @@ import { join } from 'node:path';
 import type { z } from 'zod';
 import { signFirmware } from '../../protocol/firmware.js';
 import type { BridgeConfig } from '../config.js';
-import { SqliteStore } from '../store/sqlite.js';
+import { commandLog } from '../command-log.js';
+import { openStore } from '../store/open.js';
 import {
   type FirmwareImage,
   FirmwareName,
@@ -202,7 +203,7 @@ async function add(config: BridgeConfig, file: string | undefined, args: Firmwar
     return 1;
   }
 
-  const store = new SqliteStore(config.dataDir);
+  const store = await openStore(config, commandLog(config));
   try {
     const catalog = store.firmware;
     let copied: { size: number; sha256: string };
@@ -248,7 +249,7 @@ function describe(f: FirmwareImage): string {
 }
 
 async function list(config: BridgeConfig, json: boolean, io: Io): Promise<number> {
-  const store = new SqliteStore(config.dataDir);
+  const store = await openStore(config, commandLog(config));
   try {
     const all = await store.firmware.list();
     if (json) io.out(JSON.stringify(all));

@@ -10,7 +10,8 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { BridgeConfig } from '../config.js';
-import { SqliteStore } from '../store/sqlite.js';
+import { commandLog } from '../command-log.js';
+import { openStore } from '../store/open.js';
 import { type Frontend, ProductConfig } from '../store/types.js';
 import { ensureDefaultFrontend } from './default.js';
 
@@ -51,7 +52,7 @@ export async function frontendCommand(
   now: number,
 ): Promise<number> {
   const [sub, ...rest] = params;
-  const store = new SqliteStore(config.dataDir);
+  const store = await openStore(config, commandLog(config));
   try {
     switch (sub) {
       case 'list': {
