@@ -13,7 +13,8 @@ import { HttpClient } from './bridge.js';
 export interface BridgeProcessOptions {
   dataDir: string;
   httpPort: number;
-  mqttPort: number;
+  /** The embedded broker's port; left out for a bridge on an external broker (`mqtt.url` in `config`). */
+  mqttPort?: number;
   /** More settings for the config file, merged at the top level. */
   config?: Record<string, unknown>;
 }
@@ -76,8 +77,7 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
     opts.dataDir,
     '--http-port',
     String(opts.httpPort),
-    '--mqtt-port',
-    String(opts.mqttPort),
+    ...(opts.mqttPort === undefined ? [] : ['--mqtt-port', String(opts.mqttPort)]),
     '--log-level',
     'info',
     '--log-pretty',
@@ -114,7 +114,10 @@ export async function spawnBridge(opts: BridgeProcessOptions): Promise<BridgePro
   return {
     proc,
     url,
-    mqttUrl: `mqtt://127.0.0.1:${opts.mqttPort}`,
+    mqttUrl:
+      opts.mqttPort === undefined
+        ? String((opts.config?.mqtt as { url?: string } | undefined)?.url)
+        : `mqtt://127.0.0.1:${opts.mqttPort}`,
     output: () => out,
     client: () => httpClientFor(url),
     kill9,
