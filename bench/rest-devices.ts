@@ -191,7 +191,7 @@ const historyValue = (k: number) => Buffer.from(`{"target":${20 + (k % 50) / 10}
 
 /**
  * Creates the default frontend, the two users and the devices in the bridge's database before it starts,
- * through its own store: devices, owners and variables through the `devices` of the transaction `store.write` gives, as the
+ * through its own store: devices, owners and variables through the transaction `store.write` gives, as the
  * bridge writes them. The two histories are bulk rows of the same shape, inserted through a prepared statement
  * on a second connection, one transaction per `SEED_BATCH`; their last version goes through the store again, so
  * that the variable holds it.
