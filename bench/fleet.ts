@@ -207,9 +207,9 @@ async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: num
       isDefault: true,
       createdAt: now,
     };
-    store.createFrontend(frontend);
-    const user = await store.write(() =>
-      store.createUser({
+    await store.createFrontend(frontend);
+    const user = await store.write((tx) =>
+      tx.createUser({
         frontendId: frontend.id,
         login: LOGIN,
         passwordHash,
@@ -218,17 +218,16 @@ async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: num
       }),
     );
     if (!user) throw new Error('could not create the user');
-    await store.write(() => {
-      const devices = store.devices;
-      fleet.forEach((d, i) => {
+    await store.write(async ({ devices }) => {
+      for (const [i, d] of fleet.entries()) {
         const t = now - 60_000;
-        devices.enroll(d.id, hashSecret(d.secret), t);
-        devices.setAuthcode(d.id, d.authcode);
-        if (i < own) devices.claim(d.id, user.id, t + i);
-        devices.setMeta(d.id, 'unique', d.id, t, 'device');
-        devices.setMeta(d.id, 'platform', HELLO_META.platform, t, 'device');
-        devices.setMeta(d.id, 'fwversion', HELLO_META.fwversion, t, 'device');
-        devices.setMeta(d.id, 'agentversion', HELLO_META.agentversion, t, 'device');
+        await devices.enroll(d.id, hashSecret(d.secret), t);
+        await devices.setAuthcode(d.id, d.authcode);
+        if (i < own) await devices.claim(d.id, user.id, t + i);
+        await devices.setMeta(d.id, 'unique', d.id, t, 'device');
+        await devices.setMeta(d.id, 'platform', HELLO_META.platform, t, 'device');
+        await devices.setMeta(d.id, 'fwversion', HELLO_META.fwversion, t, 'device');
+        await devices.setMeta(d.id, 'agentversion', HELLO_META.agentversion, t, 'device');
         for (const [name, value] of [
           ['fwstate', 'idle'],
           ['fwprogress', '0'],
@@ -236,14 +235,14 @@ async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: num
           ['fwerror', ''],
           ['fwerrorcode', ''],
         ] as const) {
-          devices.setMeta(d.id, name, value, t, 'server');
+          await devices.setMeta(d.id, name, value, t, 'server');
         }
-        devices.setMeta(d.id, 'state', 'disconnected', t + 1, 'server');
-        devices.setMeta(d.id, 'lastactivity', String(t), t, 'server', false);
-      });
+        await devices.setMeta(d.id, 'state', 'disconnected', t + 1, 'server');
+        await devices.setMeta(d.id, 'lastactivity', String(t), t, 'server', false);
+      }
     });
   } finally {
-    store.close();
+    await store.close();
   }
   return performance.now() - t0;
 }

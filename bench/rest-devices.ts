@@ -18,9 +18,9 @@ import { openDatabase } from '../lib/sqlite.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
 import { hashSecret } from '../bridge/broker.js';
 import { BridgeConfigSchema } from '../bridge/config.js';
-import type { DeviceStore, SetBy } from '../bridge/devices/store.js';
+import type { SetBy } from '../bridge/devices/store.js';
 import { BRIDGE_MIGRATIONS, SqliteStore } from '../bridge/store/sqlite.js';
-import { ProductConfig } from '../bridge/store/types.js';
+import { type DeviceRepo, ProductConfig } from '../bridge/store/types.js';
 import { type ServerProcess, prepareBridge, spawnBareHttp, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
 import { type ProbeRun, type ThroughputRun, cookieOf, probe, send, throughput } from './support/http-load.js';
@@ -161,32 +161,37 @@ interface Seeded {
 }
 
 /** The 20 variables of a seeded device, as a device with an agent would have them. */
-function seedVars(devices: DeviceStore, id: string, i: number, t: number): void {
-  D_NAMES.forEach((name, k) => {
+async function seedVars(devices: DeviceRepo, id: string, i: number, t: number): Promise<void> {
+  for (const [k, name] of D_NAMES.entries()) {
     const time = t + k;
     // Half were set by the user and acknowledged, half reported by the device.
     const origin = k % 2 === 0 ? ('cloud' as const) : ('device' as const);
     const value = Buffer.from(k === 0 ? 'auto' : `{"v":${(i * 7 + k) % 100},"unit":"C"}`);
-    devices.putVersion(id, { type: 'd', name, value, time, origin }, time + 3, origin === 'cloud' ? 'user' : 'device');
-  });
-  S_NAMES.forEach((name, k) => {
+    await devices.putVersion(
+      id,
+      { type: 'd', name, value, time, origin },
+      time + 3,
+      origin === 'cloud' ? 'user' : 'device',
+    );
+  }
+  for (const [k, name] of S_NAMES.entries()) {
     const time = t + 20 + k;
     const value = Buffer.from(`building ${i % 17}, floor ${k}`);
-    devices.putVersion(id, { type: 's', name, value, time, origin: 'cloud' }, time, 'user');
-  });
-  devices.setMeta(id, 'state', 'disconnected', t + 30, 'server');
-  devices.setMeta(id, 'lastactivity', String(t + 30), t + 30, 'server', false);
-  devices.setMeta(id, 'unique', id, t, 'device');
-  devices.setMeta(id, 'platform', 'linux-arm64', t, 'device');
-  devices.setMeta(id, 'fwversion', '2.4.1', t, 'device');
-  devices.setMeta(id, 'agentversion', '0.1.0', t, 'device');
+    await devices.putVersion(id, { type: 's', name, value, time, origin: 'cloud' }, time, 'user');
+  }
+  await devices.setMeta(id, 'state', 'disconnected', t + 30, 'server');
+  await devices.setMeta(id, 'lastactivity', String(t + 30), t + 30, 'server', false);
+  await devices.setMeta(id, 'unique', id, t, 'device');
+  await devices.setMeta(id, 'platform', 'linux-arm64', t, 'device');
+  await devices.setMeta(id, 'fwversion', '2.4.1', t, 'device');
+  await devices.setMeta(id, 'agentversion', '0.1.0', t, 'device');
 }
 
 const historyValue = (k: number) => Buffer.from(`{"target":${20 + (k % 50) / 10},"seq":${k}}`);
 
 /**
  * Creates the default frontend, the two users and the devices in the bridge's database before it starts,
- * through its own store: devices, owners and variables through `DeviceStore` inside `store.write`, as the
+ * through its own store: devices, owners and variables through the transaction `store.write` gives, as the
  * bridge writes them. The two histories are bulk rows of the same shape, inserted through a prepared statement
  * on a second connection, one transaction per `SEED_BATCH`; their last version goes through the store again, so
  * that the variable holds it.
@@ -223,26 +228,29 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
       isDefault: true,
       createdAt: now,
     };
-    store.createFrontend(frontend);
-    const [main, fleet] = await store.write(() =>
-      [MAIN_LOGIN, FLEET_LOGIN].map((login) =>
-        store.createUser({
+    await store.createFrontend(frontend);
+    const [main, fleet] = await store.write(async (tx) => {
+      const users = [];
+      for (const login of [MAIN_LOGIN, FLEET_LOGIN]) {
+        const user = await tx.createUser({
           frontendId: frontend.id,
           login,
           passwordHash,
           authcode: randomBytes(16).toString('hex'),
           now,
-        })!,
-      ),
-    );
-    await store.write(() => {
-      const devices = store.devices;
-      ids.forEach((id, i) => {
-        devices.enroll(id, hashSecret(randomBytes(32).toString('hex')), start);
-        devices.setAuthcode(id, randomBytes(16).toString('hex'));
-        devices.claim(id, i < OWN_DEVICES ? main!.id : fleet!.id, start + i);
-        seedVars(devices, id, i, start);
-      });
+        });
+        if (!user) throw new Error(`could not create ${login}`);
+        users.push(user);
+      }
+      return users;
+    });
+    await store.write(async ({ devices }) => {
+      for (const [i, id] of ids.entries()) {
+        await devices.enroll(id, hashSecret(randomBytes(32).toString('hex')), start);
+        await devices.setAuthcode(id, randomBytes(16).toString('hex'));
+        await devices.claim(id, i < OWN_DEVICES ? main!.id : fleet!.id, start + i);
+        await seedVars(devices, id, i, start);
+      }
     });
 
     // The entries of each history between the first (the variable's seeded version) and the last, as bulk rows.
@@ -265,7 +273,7 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
     } finally {
       db.close();
     }
-    await store.write(() => {
+    await store.write(async (tx) => {
       for (const { device, entries } of histories) {
         const time = now - 1;
         const v = {
@@ -275,11 +283,11 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
           time,
           origin: 'cloud' as const,
         };
-        store.devices.putVersion(device, v, time + 3, 'user');
+        await tx.devices.putVersion(device, v, time + 3, 'user');
       }
     });
   } finally {
-    store.close();
+    await store.close();
   }
   return { own, shortDevice, longDevice, hashMs, seedMs: performance.now() - t0 };
 }

@@ -149,10 +149,10 @@ async function seedUsers(dataDir: string, users: number): Promise<{ params: stri
       isDefault: true,
       createdAt: Date.now(),
     };
-    store.createFrontend(frontend);
-    await store.write(() => {
+    await store.createFrontend(frontend);
+    await store.write(async (tx) => {
       for (const login of [MAIN_LOGIN, ...Array.from({ length: users }, (_, i) => loginOf(i))]) {
-        store.createUser({
+        await tx.createUser({
           frontendId: frontend.id,
           login,
           passwordHash,
@@ -163,7 +163,7 @@ async function seedUsers(dataDir: string, users: number): Promise<{ params: stri
       }
     });
   } finally {
-    store.close();
+    await store.close();
   }
   return { params: `N=2^${a.scryptLogN}, r=${a.scryptR}, p=${a.scryptP}`, hashMs };
 }

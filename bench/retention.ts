@@ -130,15 +130,14 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
   const probeDevice = randomUUID();
   const fleet = Array.from({ length: opts.devices }, () => randomUUID());
   try {
-    const [frontend] = store.frontends();
-    const user = store.userByLogin(frontend!.id, LOGIN)!;
-    await store.write(() => {
-      const devices = store.devices;
+    const [frontend] = await store.frontends();
+    const user = (await store.userByLogin(frontend!.id, LOGIN))!;
+    await store.write(async ({ devices }) => {
       for (const id of [probeDevice, ...fleet]) {
-        devices.enroll(id, hashSecret(randomBytes(32).toString('hex')), now);
-        devices.setAuthcode(id, randomBytes(16).toString('hex'));
+        await devices.enroll(id, hashSecret(randomBytes(32).toString('hex')), now);
+        await devices.setAuthcode(id, randomBytes(16).toString('hex'));
       }
-      devices.claim(probeDevice, user.id, now);
+      await devices.claim(probeDevice, user.id, now);
       for (let k = 0; k < 20; k++) {
         const v = {
           type: 'd' as const,
@@ -147,7 +146,7 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
           time: now,
           origin: 'cloud' as const,
         };
-        devices.putVersion(probeDevice, v, now, 'user', false);
+        await devices.putVersion(probeDevice, v, now, 'user', false);
       }
       for (const id of fleet) {
         for (let k = 0; k < opts.vars; k++) {
@@ -158,12 +157,12 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
             time: now,
             origin: 'device' as const,
           };
-          devices.putVersion(id, v, now, 'device', false);
+          await devices.putVersion(id, v, now, 'device', false);
         }
       }
     });
   } finally {
-    store.close();
+    await store.close();
   }
   const db = openDatabase(join(dataDir, 'bridge.db'), BRIDGE_MIGRATIONS);
   const step = (opts.spanDays * DAY) / opts.entries;

@@ -55,7 +55,7 @@ const store = new SqliteStore(bridgeConfig.dataDir, log, { backgroundCheckpoints
 const bridge = await Bridge.start({ config: bridgeConfig, store, log, now: Date.now });
 const closeBridge = async () => {
   await bridge.stop();
-  store.close();
+  await store.close();
 };
 const broker = bridge.broker!;
 

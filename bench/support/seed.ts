@@ -29,9 +29,9 @@ export async function seedUser(dataDir: string, login: string, password: string)
       isDefault: true,
       createdAt: now,
     };
-    store.createFrontend(frontend);
-    await store.write(() =>
-      store.createUser({
+    await store.createFrontend(frontend);
+    await store.write((tx) =>
+      tx.createUser({
         frontendId: frontend.id,
         login,
         passwordHash,
@@ -40,6 +40,6 @@ export async function seedUser(dataDir: string, login: string, password: string)
       }),
     );
   } finally {
-    store.close();
+    await store.close();
   }
 }

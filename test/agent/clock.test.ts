@@ -98,7 +98,10 @@ describe.skipIf(missing('libfaketime'))('an agent with a wrong clock', () => {
 
   /** A user who signed up and claimed the device. */
   async function owner(b: LiveBridge, deviceId: string): Promise<HttpClient> {
-    const authcode = await until(() => b.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
+    const authcode = await until(
+      async () => (await b.bridge.store.devices.device(deviceId))?.authcode ?? undefined,
+      'the hello',
+    );
     const http = b.client();
     const signup = await http.post('/0/session/signup', {
       form: { login: `clock-${deviceId.slice(0, 8)}@example.com`, password: 'correct horse battery' },

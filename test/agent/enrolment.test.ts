@@ -28,7 +28,7 @@ describe('agent credentials against the embedded broker', () => {
     agents.push(first);
     const id = first.agent.identity.deviceId;
     await until(() => first.agent.uplink.connected);
-    expect(credentials.secretHash(id)).toBe(hashSecret(first.agent.identity.secret));
+    expect(await credentials.secretHash(id)).toBe(hashSecret(first.agent.identity.secret));
     await agents.pop()!.stop();
 
     const second = await startAgent({ mqttUrl: broker.url, stateDir });

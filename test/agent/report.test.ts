@@ -96,8 +96,8 @@ describe('the report of a real agent', () => {
     agent = live = undefined;
   });
 
-  const metaOf = (deviceId: string, name: string) => {
-    const rec = live!.bridge.store.devices.getVar(deviceId, 'meta', name);
+  const metaOf = async (deviceId: string, name: string) => {
+    const rec = await live!.bridge.store.devices.getVar(deviceId, 'meta', name);
     return rec?.value?.toString('utf8');
   };
 
@@ -116,8 +116,8 @@ describe('the report of a real agent', () => {
     const id = agent.agent.identity.deviceId;
     const reports = () => agent!.sink.events('report.sent');
     await until(() => metaOf(id, 'rss'), 'the report at connect');
-    expect(Number(metaOf(id, 'rss'))).toBeGreaterThan(1_000_000);
-    expect(metaOf(id, 'queue')).toBe('0');
+    expect(Number(await metaOf(id, 'rss'))).toBeGreaterThan(1_000_000);
+    expect(await metaOf(id, 'queue')).toBe('0');
     const link = live.bridge.link;
     const received = link.received['up/meta'] ?? 0;
     const first = reports().length;
@@ -128,16 +128,18 @@ describe('the report of a real agent', () => {
     await vi.advanceTimersByTimeAsync(1000);
     await until(() => (link.received['up/meta'] ?? 0) > received, 'the next report at the bridge');
     expect(reports().length).toBeGreaterThan(first);
-    await until(() => {
+    await until(async () => {
       const last = reports().at(-1)!;
-      return ['uptime', 'pending', 'queue', 'rss'].every((n) => metaOf(id, n) === String(last[n]));
+      for (const n of ['uptime', 'pending', 'queue', 'rss'])
+        if ((await metaOf(id, n)) !== String(last[n])) return false;
+      return true;
     }, 'the reported figures stored');
-    expect(Number(metaOf(id, 'uptime'))).toBeGreaterThanOrEqual(1);
+    expect(Number(await metaOf(id, 'uptime'))).toBeGreaterThanOrEqual(1);
     for (const name of ['uptime', 'pending', 'queue', 'rss']) {
-      expect(live.bridge.store.devices.history(id, 'meta', name, 10), name).toEqual([]);
+      expect(await live.bridge.store.devices.history(id, 'meta', name, 10), name).toEqual([]);
     }
     // The other entries a device reports keep their history.
-    expect(live.bridge.store.devices.history(id, 'meta', 'fwversion', 10)).not.toEqual([]);
+    expect(await live.bridge.store.devices.history(id, 'meta', 'fwversion', 10)).not.toEqual([]);
   });
 
   it('sends none with report.intervalSec 0', async () => {
@@ -148,6 +150,6 @@ describe('the report of a real agent', () => {
     await agent.agent.vars.set('d', 'probe', Buffer.from('1'));
     await until(() => live!.bridge.store.devices.getVar(id, 'd', 'probe'), 'the variable at the bridge');
     await until(() => agent!.agent.vars.pending().pushes === 0 || undefined, 'the acknowledgement');
-    for (const name of ['uptime', 'pending', 'queue', 'rss']) expect(metaOf(id, name), name).toBeUndefined();
+    for (const name of ['uptime', 'pending', 'queue', 'rss']) expect(await metaOf(id, name), name).toBeUndefined();
   });
 });

@@ -120,7 +120,7 @@ interface Harness {
   /** A client; from `localAddress` when given. */
   client(localAddress?: string): Client;
   /** A frontend with the given product configuration. */
-  frontend(config: Partial<ProductConfig>): Frontend;
+  frontend(config: Partial<ProductConfig>): Promise<Frontend>;
 }
 
 const cleanups: Array<() => Promise<void> | void> = [];
@@ -160,7 +160,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
   const store = new SqliteStore(dataDir);
   cleanups.push(() => store.close());
   const clock = { t: Date.UTC(2030, 0, 1) };
-  const defaultFrontend = ensureDefaultFrontend(store, clock.t);
+  const defaultFrontend = await ensureDefaultFrontend(store, clock.t);
   const a = config.accounts;
   const hasher = new PasswordHasher({
     params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
@@ -188,7 +188,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
     defaultFrontend,
     dataDir,
     client: (localAddress?: string) => new Client(url, localAddress),
-    frontend(settings) {
+    async frontend(settings) {
       const f: Frontend = {
         id: randomUUID(),
         name: 'test',
@@ -196,7 +196,7 @@ async function startBridgeApp(smtp: TestSmtpServer | undefined, extra: Record<st
         isDefault: false,
         createdAt: clock.t,
       };
-      store.createFrontend(f);
+      await store.createFrontend(f);
       return f;
     },
   };
@@ -276,7 +276,7 @@ describe('signup and confirmation', () => {
   it('sends no mail for a frontend without confirmation e-mails', async () => {
     const smtp = await smtpServer();
     const h = await startBridgeApp(smtp);
-    const quiet = h.frontend({ confirmationEmail: false });
+    const quiet = await h.frontend({ confirmationEmail: false });
     const c = h.client();
     expect(
       await c.post('/0/session/signup', { login: 'quiet@example.com', password: PASSWORD, app: quiet.id }),
@@ -691,7 +691,7 @@ describe('rate limits', () => {
     const r = await c.post('/0/session/signup', { login: 'n3@example.com', password: PASSWORD });
     expect(r).toMatchObject({ status: 429, body: 'too-many-requests' });
     expect(r.headers.get('retry-after')).toBe('3600');
-    expect(h.store.userByLogin(h.defaultFrontend.id, 'n3@example.com')).toBeUndefined();
+    expect(await h.store.userByLogin(h.defaultFrontend.id, 'n3@example.com')).toBeUndefined();
     h.clock.t += HOUR + 1;
     expect(await c.post('/0/session/signup', { login: 'n3@example.com', password: PASSWORD })).toMatchObject({
       status: 201,

@@ -72,7 +72,7 @@ describe('the answer checker', () => {
 
   afterAll(async () => {
     await app?.close();
-    store?.close();
+    await store?.close();
     rmSync(dataDir, { recursive: true, force: true });
   });
 

@@ -611,9 +611,9 @@ beforeAll(async () => {
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
   store = new SqliteStore(dataDir);
   const now = Date.now();
-  ensureDefaultFrontend(store, now);
+  await ensureDefaultFrontend(store, now);
   const other = { id: randomUUID(), name: 'other', config: ProductConfig.parse({}), isDefault: false, createdAt: now };
-  store.createFrontend(other);
+  await store.createFrontend(other);
   const a = config.accounts;
   const hasher = new PasswordHasher({
     params: { logN: a.scryptLogN, r: a.scryptR, p: a.scryptP },
@@ -646,7 +646,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await app?.close();
-  store?.close();
+  await store?.close();
   rmSync(dataDir, { recursive: true, force: true });
 });
 

@@ -47,7 +47,7 @@ describe('embedded broker: enrolment and topic isolation', () => {
   it('enrols a new device on first connect and then requires the same secret', async () => {
     const d = device();
     clients.push(await connect(broker.url, d.id, d.id, d.secret));
-    expect(credentials.secretHash(d.id)).toBe(hashSecret(d.secret));
+    expect(await credentials.secretHash(d.id)).toBe(hashSecret(d.secret));
     await clients.pop()!.endAsync(true);
     expect(await refusedToConnect(broker.url, d.id, d.id, 'wrong-secret-wrong-secret')).toBe(true);
     expect(broker.refusals['bad-secret']).toBe(1);

@@ -72,7 +72,7 @@ describe('the cloud clock on the bridge', () => {
           ...(clock ? { clock: true } : {}),
         };
         await client.publishAsync(topicFor(id, 'up/hello'), JSON.stringify(hello), { qos: 1 });
-        await until(() => live.bridge.store.devices.device(id)?.authcode === authcode, 'the hello');
+        await until(async () => (await live.bridge.store.devices.device(id))?.authcode === authcode, 'the hello');
       },
       async vars(items) {
         await client.publishAsync(topicFor(id, 'up/vars'), JSON.stringify({ id: messageId(), items }), { qos: 1 });

@@ -27,8 +27,8 @@ function compose(over: ConfigOverrides = {}): { bridge: Bridge<SqliteStore>; sin
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
   const store = new SqliteStore(dataDir, log);
-  cleanups.push(() => {
-    store.close();
+  cleanups.push(async () => {
+    await store.close();
     rmSync(dataDir, { recursive: true, force: true });
   });
   const bridge = new Bridge({ config: liveBridgeConfig(dataDir, over), store, log, now: () => T });

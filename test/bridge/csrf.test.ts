@@ -154,7 +154,7 @@ describe('cross-site requests', () => {
 
   it('compares with the Host the request was addressed to, a frontend host included', async () => {
     const b = await start();
-    const f = b.addFrontend();
+    const f = await b.addFrontend();
     const host = `${f.id}.devcloud.example.com`;
     const c = b.client();
     const signup = await c.post('/0/session/signup', {
@@ -162,7 +162,7 @@ describe('cross-site requests', () => {
       headers: { host, origin: `https://${host}` },
     });
     expect([signup.status, signup.body]).toEqual([201, 'signup-ok']);
-    expect(b.store.userByLogin(f.id, 'fay@example.com')).toBeDefined();
+    expect(await b.store.userByLogin(f.id, 'fay@example.com')).toBeDefined();
     // The bridge's main host is another origin for a page on the frontend's.
     const r = await c.post('/0/user/', {
       form: { x: '1' },

@@ -209,7 +209,7 @@ describe.skipIf(noMosquitto)('devices through a private Mosquitto with per-devic
     await probe.publishAsync(topicFor(idA.deviceId, 'up/vars'), upVars('probe', 'mine'), { qos: 1 });
     await until(async () => (await getVar(httpA, idA.deviceId, 'probe'))?.value === 'mine', "A's own publish");
     expect(await getVar(httpB, idB.deviceId, 'intruder')).toBeUndefined();
-    expect(bridge.bridge.store.devices.getVar(idB.deviceId, 'd', 'intruder')).toBeUndefined();
+    expect(await bridge.bridge.store.devices.getVar(idB.deviceId, 'd', 'intruder')).toBeUndefined();
     expect(await metaState(httpB, idB.deviceId)).toBe('connected');
 
     // B's down/ never reaches A: a push to B first, then one to A; A's arrives, B's did not.
@@ -304,8 +304,10 @@ describe('the embedded broker keeps devices apart', () => {
     const own = await rawClient(live.mqttUrl, asA);
     await own.publishAsync(topicFor(a.deviceId, 'up/vars'), upVars('probe', 'mine'), { qos: 1 });
     await until(() => live.bridge.store.devices.getVar(a.deviceId, 'd', 'probe'), "A's own publish");
-    expect(live.bridge.store.devices.getVar(idB.deviceId, 'd', 'intruder')).toBeUndefined();
-    expect(live.bridge.store.devices.getVar(idB.deviceId, 'meta', 'state')?.value?.toString()).toBe('connected');
+    expect(await live.bridge.store.devices.getVar(idB.deviceId, 'd', 'intruder')).toBeUndefined();
+    expect((await live.bridge.store.devices.getVar(idB.deviceId, 'meta', 'state'))?.value?.toString()).toBe(
+      'connected',
+    );
     await endClient(own);
 
     // Once enrolled, A's uuid needs A's secret; B's secret does not open it.

@@ -129,7 +129,7 @@ class World {
     return this.live.bridge.store;
   }
 
-  frontend(config: Partial<ProductConfig>): Frontend {
+  async frontend(config: Partial<ProductConfig>): Promise<Frontend> {
     const f: Frontend = {
       id: randomUUID(),
       name: 'product',
@@ -137,7 +137,7 @@ class World {
       isDefault: false,
       createdAt: Date.now(),
     };
-    this.store.createFrontend(f);
+    await this.store.createFrontend(f);
     return f;
   }
 
@@ -147,7 +147,7 @@ class World {
     const r = await u.post('/0/session/signup', { login, password: PASSWORD });
     expect([r.status, r.body]).toEqual([201, 'signup-ok']);
     u.authcode = (await u.json<{ authcode: string }>('/0/user/')).authcode;
-    u.id = this.store.userByLogin(frontend?.id ?? this.live.bridge.defaultFrontend.id, login)!.id;
+    u.id = (await this.store.userByLogin(frontend?.id ?? this.live.bridge.defaultFrontend.id, login))!.id;
     return u;
   }
 
@@ -160,10 +160,10 @@ class World {
     const { deviceId: id, authcode: auth } = agent.agent.identity;
     const devices = this.store.devices;
     await until(
-      () =>
-        devices.device(id)?.authcode === auth &&
-        devices.getVar(id, 'meta', 'state')?.value?.toString() === 'connected' &&
-        devices.getVar(id, 'meta', 'agentversion') !== undefined,
+      async () =>
+        (await devices.device(id))?.authcode === auth &&
+        (await devices.getVar(id, 'meta', 'state'))?.value?.toString() === 'connected' &&
+        (await devices.getVar(id, 'meta', 'agentversion')) !== undefined,
       'the hello of the agent',
     );
     return { agent, id, auth, stateDir };
@@ -275,7 +275,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
 
       const stolen = await bob.claim(dev.auth);
       expect([stolen.status, stolen.body]).toEqual([400, 'claim-fail']);
-      expect(world.store.devices.device(dev.id)?.ownerId).toBe(alice.id);
+      expect((await world.store.devices.device(dev.id))?.ownerId).toBe(alice.id);
     });
 
     const badAuth: Array<[string, Record<string, string>]> = [
@@ -295,18 +295,18 @@ describe('devices and variables with real agents (embedded broker)', () => {
     });
 
     it('a product with registration off refuses every claim, even of a device that heard the user', async () => {
-      const closed = world.frontend({ registration: false });
+      const closed = await world.frontend({ registration: false });
       const u = await world.user(closed);
       const dev = await world.device();
       await world.hear(dev, u);
       const r = await u.claim(dev.auth);
       expect([r.status, r.body]).toEqual([400, 'claim-fail']);
-      expect(world.store.devices.device(dev.id)?.ownerId).toBeNull();
+      expect((await world.store.devices.device(dev.id))?.ownerId).toBeNull();
       expect(await u.json('/0/devices/')).toEqual({});
     });
 
     it('claimRequiresProximity: refused until the device heard the user over UDP, then 201', async () => {
-      const near = world.frontend({ claimRequiresProximity: true });
+      const near = await world.frontend({ claimRequiresProximity: true });
       const [u, other] = [await world.user(near), await world.user(near)];
       const dev = await world.device();
 
@@ -327,7 +327,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
     });
 
     it('a product without proximity needs no UDP: a connected device is claimed by its auth code alone', async () => {
-      const open = world.frontend({ claimRequiresProximity: false, nearby: false });
+      const open = await world.frontend({ claimRequiresProximity: false, nearby: false });
       const u = await world.user(open);
       const dev = await world.device();
       const r = await u.claim(dev.auth);
@@ -568,8 +568,8 @@ describe('devices and variables with real agents (embedded broker)', () => {
       expect((await u.json<DeviceObject>(`/0/devices/${dev.id}`)).d).not.toHaveProperty('led');
       expect(await u.json(`/0/devices/${dev.id}/d`)).not.toHaveProperty('led');
       // The tombstone is acknowledged like any version.
-      await until(() => {
-        const v = world.store.devices.getVar(dev.id, 'd', 'led');
+      await until(async () => {
+        const v = await world.store.devices.getVar(dev.id, 'd', 'led');
         return v !== undefined && v.value === null && v.acked >= v.time;
       }, 'the tombstone acked');
       const [entry] = await history(u, `/0/devices/${dev.id}/d/led?latest=1`);
@@ -779,11 +779,10 @@ describe('devices and variables with real agents (embedded broker)', () => {
     it('latest=0 and latest above 1000 give 1000; from=<id> pages backwards without overlap', async () => {
       const u = await world.user();
       const dev = await world.owned(u);
-      const devices = world.store.devices;
       const base = Date.now() - 10_000_000;
-      await world.store.write(() => {
+      await world.store.write(async (tx) => {
         for (let i = 0; i < 1500; i++) {
-          devices.putVersion(
+          await tx.devices.putVersion(
             dev.id,
             { type: 's', name: 'bulk', value: Buffer.from(`v${i}`), time: base + i, origin: 'cloud' },
             base + i,
@@ -886,7 +885,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       ];
       for (const payload of garbage) await udpSend(port, payload);
       await until(() => dev.agent.agent.nearby.counters.ignored >= garbage.length, 'the garbage ignored');
-      expect(world.store.devices.heardBy(dev.id, u.id, 0)).toBe(false);
+      expect(await world.store.devices.heardBy(dev.id, u.id, 0)).toBe(false);
       expect(await u.network()).toEqual({});
       // Upper case and no newline is still the authcode.
       await world.hear(dev, u, u.authcode.toUpperCase());
@@ -912,7 +911,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       // What it says it heard of its owner counts.
       await world.hear(dev, owner);
       await world.hearDropped(dev, me);
-      expect(world.store.devices.heardBy(dev.id, me.id, 0)).toBe(false);
+      expect(await world.store.devices.heardBy(dev.id, me.id, 0)).toBe(false);
       expect(world.live.sink.events('nearby.foreign_heard')).toContainEqual(
         expect.objectContaining({ level: 'debug', deviceId: dev.id, count: 1 }),
       );
@@ -928,7 +927,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
     });
 
     it('a product with nearby off: GET /0/network/ is {} and the nearby id is 404, though the device heard the user', async () => {
-      const product = world.frontend({ nearby: false });
+      const product = await world.frontend({ nearby: false });
       const u = await world.user(product);
       const dev = await world.device();
       await world.hear(dev, u);
@@ -947,7 +946,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       const u = await world.user();
       const old = u.authcode;
       // The authcode is a day old: the next GET /0/user/ rotates it (decision 17).
-      await world.store.write(() => world.store.updateUser(u.id, { authcodeRotatedAt: Date.now() - 25 * 3_600_000 }));
+      await world.store.write((tx) => tx.updateUser(u.id, { authcodeRotatedAt: Date.now() - 25 * 3_600_000 }));
       const fresh = (await u.json<{ authcode: string }>('/0/user/')).authcode;
       expect(fresh).not.toBe(old);
 
@@ -956,7 +955,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       await until(async () => Object.keys(await u.network()).includes(a.auth), 'heard through the previous authcode');
 
       // Two hours after the rotation the previous authcode no longer matches; the current one does.
-      await world.store.write(() => world.store.updateUser(u.id, { authcodeRotatedAt: Date.now() - 2 * 3_600_000 }));
+      await world.store.write((tx) => tx.updateUser(u.id, { authcodeRotatedAt: Date.now() - 2 * 3_600_000 }));
       const b = await world.device();
       const unknown = world.live.bridge.devices.counters.heardUnknown;
       await udpSend(b.agent.agent.nearby.port!, `${old}\n`);
@@ -1024,7 +1023,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
       expect(await mallory.network()).toEqual({});
 
       // Nothing changed for the owner.
-      expect(world.store.devices.device(dev.id)?.ownerId).toBe(alice.id);
+      expect((await world.store.devices.device(dev.id))?.ownerId).toBe(alice.id);
       expect(await varsOf(alice, dev)).toEqual(before);
       expect(await history(alice, `/0/devices/${dev.id}/d/led?latest=0`)).toEqual(historyBefore);
       expect(await onAgent(dev, 'd', 'fresh')).toBeUndefined();
@@ -1065,7 +1064,7 @@ describe('devices and variables with real agents (embedded broker)', () => {
         const user = await http.request('GET', '/0/user/', { cookie });
         expect([who, user.status, user.body]).toEqual([who, 404, 'not found']);
       }
-      expect(world.store.devices.device(dev.id)?.ownerId).toBe(owner.id);
+      expect((await world.store.devices.device(dev.id))?.ownerId).toBe(owner.id);
       expect(await varsOf(owner, dev)).toEqual(before);
     });
   });
@@ -1117,7 +1116,7 @@ describe('the nearby window (decision 18) with devices.nearbyWindowMs = 1000', (
   });
 
   it('a device leaves the network once the window has passed; then a proximity claim fails', async () => {
-    const product = world.frontend({ claimRequiresProximity: true });
+    const product = await world.frontend({ claimRequiresProximity: true });
     const u = await world.user(product);
     const dev = await world.device();
     await udpSend(dev.agent.agent.nearby.port!, `${u.authcode}\n`);

@@ -14,7 +14,7 @@ describe('bridge edges', () => {
 
   it('answers 404 for an app parameter given twice or not as text, instead of using the default frontend', async () => {
     b = await startTestBridge();
-    const f = b.addFrontend();
+    const f = await b.addFrontend();
     const c = b.client();
     expect((await c.post(`/0/session/?app=${f.id}&app=${f.id}`)).status).toBe(404);
     expect((await c.post('/0/session/', { json: { app: [f.id] } })).status).toBe(404);
@@ -51,7 +51,7 @@ describe('bridge edges', () => {
 
   it('sees a frontend changed by another process (the admin CLI) without a restart', async () => {
     b = await startTestBridge();
-    const f = b.addFrontend({ confirmationEmail: true });
+    const f = await b.addFrontend({ confirmationEmail: true });
     const c = b.client();
     expect(
       (await c.post(`/0/session/signup?app=${f.id}`, { form: { login: 'a@example.com', password: PASSWORD } })).status,
@@ -59,11 +59,11 @@ describe('bridge edges', () => {
     expect(b.sink.events('mail.outbox')).toHaveLength(1);
     // The CLI opens the same database in its own process; a second store stands for it here.
     const cli = new SqliteStore(b.dataDir);
-    cli.setFrontendConfig(f.id, { ...f.config, confirmationEmail: false });
-    cli.close();
+    await cli.setFrontendConfig(f.id, { ...f.config, confirmationEmail: false });
+    await cli.close();
     // The bridge checks for such changes at most once a second: wait, on the real clock, until it sees it.
     const deadline = Date.now() + 10_000;
-    while (b.store.frontend(f.id)?.config.confirmationEmail !== false) {
+    while ((await b.store.frontend(f.id))?.config.confirmationEmail !== false) {
       if (Date.now() > deadline) throw new Error('the change was never seen');
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -86,8 +86,8 @@ describe('bridge edges', () => {
     await live.post('/0/session/');
     b.clock.advance(15 * day);
     // idle was last seen 35 days ago; live 15 days ago.
-    const removed = await b.store.write(() =>
-      b.store.pruneSessions(b.clock.now() - b.config.sessions.idleDays * day, t0 - 1),
+    const removed = await b.store.write((tx) =>
+      tx.pruneSessions(b.clock.now() - b.config.sessions.idleDays * day, t0 - 1),
     );
     expect(removed).toBe(1);
     expect((await live.post('/0/session/')).body).toBe('user-ok');

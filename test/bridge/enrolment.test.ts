@@ -35,7 +35,7 @@ describe('enrolment kept across bridge restarts', () => {
   afterEach(async () => {
     for (const o of open.splice(0)) {
       await o.broker.close();
-      o.store.close();
+      await o.store.close();
     }
   });
 
@@ -46,7 +46,7 @@ describe('enrolment kept across bridge restarts', () => {
       host: '127.0.0.1',
       port: 0,
       openEnrolment,
-      credentials: store,
+      credentials: store.credentials,
       log,
       now: Date.now,
     });
@@ -60,10 +60,10 @@ describe('enrolment kept across bridge restarts', () => {
     const secret = randomBytes(32).toString('hex');
     const first = await start(dataDir);
     expect(await connects(first.broker.url, id, secret)).toBe(true);
-    expect(first.store.secretHash(id)).toBe(hashSecret(secret));
+    expect(await first.store.credentials.secretHash(id)).toBe(hashSecret(secret));
     const o = open.pop()!;
     await o.broker.close();
-    o.store.close();
+    await o.store.close();
 
     // Open enrolment is switched off now: only devices already known may connect.
     const second = await start(dataDir, false);
@@ -80,8 +80,8 @@ describe('enrolment kept across bridge restarts', () => {
     const secret = randomBytes(32).toString('hex');
     expect(await connects(broker.url, id, secret)).toBe(true);
     // A second enrolment of the same id (as a race would make) does not replace the secret.
-    store.enroll(id, hashSecret('other'), Date.now());
-    expect(store.secretHash(id)).toBe(hashSecret(secret));
+    await store.credentials.enroll(id, hashSecret('other'), Date.now());
+    expect(await store.credentials.secretHash(id)).toBe(hashSecret(secret));
   });
 });
 
@@ -144,9 +144,9 @@ describe('secure enrolment by default', () => {
     const store = new SqliteStore(dataDir);
     try {
       // 20 strangers left no trace; the provisioned device is the only one known.
-      expect(store.secretHash(identity.deviceId)).toBe(hashSecret(identity.secret));
+      expect(await store.credentials.secretHash(identity.deviceId)).toBe(hashSecret(identity.secret));
     } finally {
-      store.close();
+      await store.close();
     }
     expect(
       await admitted(port, { clientId: identity.deviceId, username: identity.deviceId, password: identity.secret }),
@@ -177,7 +177,7 @@ describe('secure enrolment by default', () => {
     cleanups.push(() => agent.stop());
     await until(() => agent.agent.uplink.connected, 'the agent to enrol and connect');
     const id = agent.agent.identity.deviceId;
-    expect(live.bridge.store.secretHash(id)).toBe(hashSecret(agent.agent.identity.secret));
+    expect(await live.bridge.store.credentials.secretHash(id)).toBe(hashSecret(agent.agent.identity.secret));
     expect(live.sink.events('broker.enrolled')).toEqual([expect.objectContaining({ deviceId: id, via: 'credential' })]);
     // The request carried the secret: it went to nobody, and no log line holds it.
     expect(live.sink.text()).not.toContain(agent.agent.identity.secret);
@@ -201,7 +201,7 @@ describe('secure enrolment by default', () => {
     expect(live.sink.events('broker.enrolled')).toHaveLength(5);
     // A device enrolled before the limit was reached still connects.
     const known = login();
-    live.bridge.store.enroll(known.username, hashSecret(known.password), Date.now());
+    await live.bridge.store.credentials.enroll(known.username, hashSecret(known.password), Date.now());
     expect(await admitted(port, known)).toBe(true);
   });
 });

@@ -37,7 +37,10 @@ describe('firmware jobs on the bridge', () => {
       id: messageId(),
       items: [{ kind: 'push', type: 'd', name: 'mode', value: mode, time: modeTime, origin: 'device' }],
     });
-    await until(() => live.bridge.store.devices.getVar(id, 'd', 'mode')?.value?.toString() === mode, `mode ${mode}`);
+    await until(
+      async () => (await live.bridge.store.devices.getVar(id, 'd', 'mode'))?.value?.toString() === mode,
+      `mode ${mode}`,
+    );
   };
   const hello = () =>
     publish('up/hello', {
@@ -54,7 +57,10 @@ describe('firmware jobs on the bridge', () => {
     });
   const fwstate = async (state: string) => {
     await publish('up/meta', { id: messageId(), ts: Date.now(), meta: { fwstate: state } });
-    await until(() => live.bridge.store.devices.getVar(id, 'meta', 'fwstate')?.value?.toString() === state, state);
+    await until(
+      async () => (await live.bridge.store.devices.getVar(id, 'meta', 'fwstate'))?.value?.toString() === state,
+      state,
+    );
   };
 
   beforeAll(async () => {
@@ -71,7 +77,14 @@ describe('firmware jobs on the bridge', () => {
       [NAME, ['linux-x64']],
       ['other/arm', ['linux-arm64']],
     ] as const) {
-      store.firmware.add({ ...meta, name, from: [...from], toPlatform: 'linux-x64', signature, addedAt: Date.now() });
+      await store.firmware.add({
+        ...meta,
+        name,
+        from: [...from],
+        toPlatform: 'linux-x64',
+        signature,
+        addedAt: Date.now(),
+      });
     }
 
     // A device: its own credentials, online, hello, in mode connected.
@@ -83,7 +96,7 @@ describe('firmware jobs on the bridge', () => {
     await device.subscribeAsync(`dc/v1/${id}/down/#`, { qos: 1 });
     await publish('state', 'online');
     await hello();
-    await until(() => store.devices.device(id)?.authcode, 'the hello');
+    await until(async () => (await store.devices.device(id))?.authcode, 'the hello');
     await setMode('connected');
 
     http = live.client();
@@ -125,7 +138,7 @@ describe('firmware jobs on the bridge', () => {
     expect([cancel.status, cancel.body]).toEqual([200, 'firmware-ok']);
     await until(() => fw.find((m) => m.action === 'cancel' && m.job === start.job), 'down/fw cancel');
     await fwstate('cancelled');
-    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
     // The job's token no longer opens the image.
     expect((await fetch(start.url, { headers: auth })).status).toBe(401);
   });
@@ -153,13 +166,13 @@ describe('firmware jobs on the bridge', () => {
     // Not connected.
     await publish('state', 'offline');
     await until(
-      () => live.bridge.store.devices.getVar(id, 'meta', 'state')?.value?.toString() === 'disconnected',
+      async () => (await live.bridge.store.devices.getVar(id, 'meta', 'state'))?.value?.toString() === 'disconnected',
       'offline',
     );
     expect((await start(NAME)).body).toBe('device-fwup-start-fail');
     await publish('state', 'online');
     await until(
-      () => live.bridge.store.devices.getVar(id, 'meta', 'state')?.value?.toString() === 'connected',
+      async () => (await live.bridge.store.devices.getVar(id, 'meta', 'state'))?.value?.toString() === 'connected',
       'online',
     );
     // Another user's device does not exist for them.
@@ -172,7 +185,7 @@ describe('firmware jobs on the bridge', () => {
   });
 
   it('sends an open job again on every hello, with a new token; a cancelled one as a cancel', async () => {
-    const open = live.bridge.store.fwJobs.openOf(id);
+    const open = await live.bridge.store.fwJobs.openOf(id);
     if (!open) throw new Error('the previous test leaves a job open');
     const first = await until(() => {
       const starts = fw.filter((m) => m.action === 'start' && m.job === open.id);
@@ -212,12 +225,12 @@ describe('firmware jobs on the bridge', () => {
     await until(() => cancels() === 2, 'the cancel sent again');
     expect(fw.filter((m) => m.action === 'start' && m.job === open.id)).toHaveLength(3);
     await fwstate('cancelled');
-    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
     // With no open job, a hello sends nothing.
     const before = fw.length;
     await hello();
     await until(
-      () => live.bridge.store.devices.getVar(id, 'meta', 'state')?.value?.toString() === 'connected',
+      async () => (await live.bridge.store.devices.getVar(id, 'meta', 'state'))?.value?.toString() === 'connected',
       'hello',
     );
     await fwstate('idle');
@@ -226,42 +239,45 @@ describe('firmware jobs on the bridge', () => {
 
   it('keeps the code of a failure as meta fwerrorcode; an agent without codes leaves it empty', async () => {
     const store = live.bridge.store;
-    const metaOf = (name: string) => store.devices.getVar(id, 'meta', name)?.value?.toString();
+    const metaOf = async (name: string) => (await store.devices.getVar(id, 'meta', name))?.value?.toString();
     const report = (meta: Record<string, string>) => publish('up/meta', { id: messageId(), ts: Date.now(), meta });
     // From the first hello, empty (decision 22).
-    expect(metaOf('fwerrorcode')).toBe('');
+    expect(await metaOf('fwerrorcode')).toBe('');
     expect((await http.post(`/0/devices/${id}/fw/${NAME}`)).body).toBe('device-ok');
-    const job = store.fwJobs.openOf(id)!;
+    const job = (await store.fwJobs.openOf(id))!;
     await report({ fwstate: 'failed', fwerror: 'verify (signature): no key verifies it', fwerrorcode: 'signature' });
-    await until(() => metaOf('fwstate') === 'failed', 'failed');
-    expect([metaOf('fwerror'), metaOf('fwerrorcode')]).toEqual(['verify (signature): no key verifies it', 'signature']);
+    await until(async () => (await metaOf('fwstate')) === 'failed', 'failed');
+    expect([await metaOf('fwerror'), await metaOf('fwerrorcode')]).toEqual([
+      'verify (signature): no key verifies it',
+      'signature',
+    ]);
     // Through the API like the other firmware variables, with a history.
     const shown = await http.get(`/0/devices/${id}/meta/fwerrorcode`);
     expect([shown.status, shown.body]).toEqual([200, JSON.stringify('signature')]);
-    expect(store.fwJobs.get(job.id)).toMatchObject({ open: false, outcome: 'failed' });
+    expect(await store.fwJobs.get(job.id)).toMatchObject({ open: false, outcome: 'failed' });
 
     // A malformed code drops the whole report: nothing of it is kept.
     await report({ fwstate: 'rolledback', fwerror: 'x', fwerrorcode: 'Not A Code!' });
     await report({ fwname: 'after the bad report' });
-    await until(() => metaOf('fwname') === 'after the bad report', 'the next report');
-    expect([metaOf('fwstate'), metaOf('fwerrorcode')]).toEqual(['failed', 'signature']);
+    await until(async () => (await metaOf('fwname')) === 'after the bad report', 'the next report');
+    expect([await metaOf('fwstate'), await metaOf('fwerrorcode')]).toEqual(['failed', 'signature']);
     // A code from a newer agent that this bridge does not know is kept with its state.
     await report({ fwstate: 'failed', fwerror: 'brownout', fwerrorcode: 'brownout-during-flash' });
-    await until(() => metaOf('fwerrorcode') === 'brownout-during-flash', 'the newer code');
-    expect(metaOf('fwstate')).toBe('failed');
+    await until(async () => (await metaOf('fwerrorcode')) === 'brownout-during-flash', 'the newer code');
+    expect(await metaOf('fwstate')).toBe('failed');
 
     // An agent from before the codes reports the text alone: the code of the earlier failure does not stay.
     await report({ fwstate: 'downloading', fwerror: '' });
-    await until(() => metaOf('fwstate') === 'downloading', 'downloading');
-    expect([metaOf('fwerror'), metaOf('fwerrorcode')]).toEqual(['', '']);
+    await until(async () => (await metaOf('fwstate')) === 'downloading', 'downloading');
+    expect([await metaOf('fwerror'), await metaOf('fwerrorcode')]).toEqual(['', '']);
     await report({ fwstate: 'failed', fwerror: 'download: the server answered 401' });
-    await until(() => metaOf('fwstate') === 'failed', 'failed again');
-    expect(metaOf('fwerrorcode')).toBe('');
+    await until(async () => (await metaOf('fwstate')) === 'failed', 'failed again');
+    expect(await metaOf('fwerrorcode')).toBe('');
     // A report without fwerror (progress alone) leaves both as they are.
     await report({ fwstate: 'failed', fwerror: 'health check failed', fwerrorcode: 'health' });
-    await until(() => metaOf('fwerrorcode') === 'health', 'health');
+    await until(async () => (await metaOf('fwerrorcode')) === 'health', 'health');
     await report({ fwprogress: '100' });
-    await until(() => metaOf('fwprogress') === '100', 'progress');
-    expect(metaOf('fwerrorcode')).toBe('health');
+    await until(async () => (await metaOf('fwprogress')) === '100', 'progress');
+    expect(await metaOf('fwerrorcode')).toBe('health');
   });
 });

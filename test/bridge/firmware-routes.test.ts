@@ -60,7 +60,7 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
     const { NAME, ARM, DOTTED, IMAGE } = fw;
     const dev = await fw.device();
     const nearby = await fw.device({ claim: false });
-    await main.store.write(() => main.store.devices.heard(nearby.id, fw.owner.id, main.clock.now()));
+    await main.store.write((tx) => tx.devices.heard(nearby.id, fw.owner.id, main.clock.now()));
     const base = `/0/devices/${dev.id}/${prefix}`;
     const start = (url = `${base}/${NAME}`, sid?: string | null) => request('POST', url, { sid });
     /**
@@ -71,11 +71,11 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
       const sent = fw.fwSent(dev.id).length;
       expectAnswer(await refused(), 400, 'device-fwup-start-fail');
       expect(fw.fwSent(dev.id), 'nothing went to the device').toHaveLength(sent);
-      expect(fw.openJob(dev.id), 'no job is open').toBeUndefined();
+      expect(await fw.openJob(dev.id), 'no job is open').toBeUndefined();
       await undo();
       expect((await retry()).body, 'the start once the reason is gone').toBe('device-ok');
       await fw.reportMeta(dev.id, { fwstate: 'failed' });
-      expect(fw.openJob(dev.id)).toBeUndefined();
+      expect(await fw.openJob(dev.id)).toBeUndefined();
     };
 
     // An image in the catalog, its name with slashes.
@@ -91,7 +91,7 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
     // What the agent checks before it downloads: the signature over the fields the start names.
     expect(verifyFirmware(first, first.signature, [fw.publicKey])).toBe(0);
     expect(new URL(first.url).pathname).toBe(`/0/firmware/jobs/${first.job}/image`);
-    expect(fw.openJob(dev.id)).toMatchObject({ id: first.job, name: NAME, cancelled: false });
+    expect(await fw.openJob(dev.id)).toMatchObject({ id: first.job, name: NAME, cancelled: false });
 
     // An update running: the open job.
     const sent = fw.fwSent(dev.id).length;
@@ -99,7 +99,7 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
     expect(fw.fwSent(dev.id)).toHaveLength(sent);
     // An update running: the device reports one, with no job open.
     await fw.reportMeta(dev.id, { fwstate: 'cancelled' });
-    expect(fw.openJob(dev.id)).toBeUndefined();
+    expect(await fw.openJob(dev.id)).toBeUndefined();
     await fw.reportMeta(dev.id, { fwstate: 'downloading' });
     await refusedFor(start, () => fw.reportMeta(dev.id, { fwstate: 'failed' }));
     // The job cannot be handed to the link: it ends at once, nothing is running.
@@ -110,7 +110,7 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
     await refusedFor(start, () => fw.reportMode(dev.id, 'connected'));
     // Not connected in meta state.
     await fw.reportState(dev.id, 'offline');
-    expect(main.store.devices.getVar(dev.id, 'meta', 'state')?.value?.toString()).toBe('disconnected');
+    expect((await main.store.devices.getVar(dev.id, 'meta', 'state'))?.value?.toString()).toBe('disconnected');
     await refusedFor(start, () => fw.reportState(dev.id, 'online'));
     // A platform the image does not update from.
     await refusedFor(
@@ -133,8 +133,8 @@ describe.each(['fw', 'firmware'])('POST /0/devices/<id>/%s/<image>', (prefix) =>
     const expired = fw.lastStart(dev.id).job;
     fw.expireTokens();
     expectAnswer(await start(), 200, 'device-ok');
-    expect(main.store.fwJobs.get(expired)).toMatchObject({ open: false, outcome: 'abandoned' });
-    expect(fw.openJob(dev.id)?.id).toBe(fw.lastStart(dev.id).job);
+    expect(await main.store.fwJobs.get(expired)).toMatchObject({ open: false, outcome: 'abandoned' });
+    expect((await fw.openJob(dev.id))?.id).toBe(fw.lastStart(dev.id).job);
 
     expectAnswer(await start(`${base}/${NAME}`, fw.stranger.sid), 400, 'device-fail');
     expectAnswer(await start(`/0/devices/${randomUUID()}/${prefix}/${NAME}`), 400, 'device-fail');
@@ -157,11 +157,11 @@ describe.each(['fw', 'firmware'])('DELETE /0/devices/<id>/%s', (prefix) => {
     fw.link.up = false;
     expectAnswer(await cancel(before.id), 400, 'firmware-fail');
     fw.link.up = true;
-    expect(main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: false });
+    expect(await main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: false });
     // Before the switch.
     expectAnswer(await cancel(before.id), 200, 'firmware-ok');
     expect(fw.fwSent(before.id).at(-1)).toMatchObject({ action: 'cancel', job });
-    expect(main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: true });
+    expect(await main.store.fwJobs.get(job)).toMatchObject({ open: true, cancelled: true });
     // After the switch: nothing goes down.
     for (const fwstate of ['switching', 'restarting', 'committing', 'rollingback']) {
       await fw.reportMeta(after.id, { fwstate });
@@ -172,7 +172,7 @@ describe.each(['fw', 'firmware'])('DELETE /0/devices/<id>/%s', (prefix) => {
     expectAnswer(await cancel(idle.id), 400, 'firmware-fail');
     // The device confirmed the cancel: nothing running.
     await fw.reportMeta(before.id, { fwstate: 'cancelled' });
-    expect(main.store.fwJobs.get(job)).toMatchObject({ open: false, outcome: 'cancelled' });
+    expect(await main.store.fwJobs.get(job)).toMatchObject({ open: false, outcome: 'cancelled' });
     expectAnswer(await cancel(before.id), 400, 'firmware-fail');
     expectAnswer(await cancel(after.id, fw.stranger.sid), 400, 'firmware-fail');
     const broken = await request('DELETE', `/0/devices/${before.id}/${prefix}`, { body: '{"login":' });

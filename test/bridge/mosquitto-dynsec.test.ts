@@ -269,7 +269,7 @@ describe.skipIf(noMosquitto)('Mosquitto with TLS and dynamic security, managed b
 
   it('a provisioned agent connects over TLS and syncs a variable both ways', async () => {
     const [id] = await provision(1);
-    expect(bridge.bridge.store.secretHash(id!.deviceId)).toMatch(/^[0-9a-f]{64}$/);
+    expect(await bridge.bridge.store.credentials.secretHash(id!.deviceId)).toMatch(/^[0-9a-f]{64}$/);
     const agent: TestAgent = await startAgent({
       mqttUrl: broker.url,
       flags: {
@@ -309,8 +309,8 @@ describe.skipIf(noMosquitto)('Mosquitto with TLS and dynamic security, managed b
     // A's own publish after them: once it has arrived, so would they have.
     await probe.publishAsync(topicFor(a.deviceId, 'up/vars'), upVars('probe', 'mine'), { qos: 1 });
     await until(() => store.devices.getVar(a.deviceId, 'd', 'probe'), "A's own publish");
-    expect(store.devices.getVar(b.deviceId, 'd', 'intruder')).toBeUndefined();
-    expect(store.devices.getVar(b.deviceId, 'meta', 'state')).toBeUndefined();
+    expect(await store.devices.getVar(b.deviceId, 'd', 'intruder')).toBeUndefined();
+    expect(await store.devices.getVar(b.deviceId, 'meta', 'state')).toBeUndefined();
 
     // B's own login sees its down/, and nothing A sent there.
     const asB = await rawClient(broker, login(b));
@@ -392,7 +392,7 @@ describe.skipIf(noMosquitto)('Mosquitto with TLS and dynamic security, managed b
     await conn.publishAsync(topicFor(other, 'up/vars'), upVars('intruder', 'x'), { qos: 1 });
     await conn.publishAsync(topicFor(d.deviceId, 'up/vars'), upVars('after', 'y'), { qos: 1 });
     await until(() => bridge.bridge.store.devices.getVar(d.deviceId, 'd', 'after'), 'its own publish');
-    expect(bridge.bridge.store.devices.getVar(other, 'd', 'intruder')).toBeUndefined();
+    expect(await bridge.bridge.store.devices.getVar(other, 'd', 'intruder')).toBeUndefined();
     expect(got).toEqual([]);
     expect(linkUp()).toBe(true);
   });
@@ -419,8 +419,8 @@ describe.skipIf(noMosquitto)('Mosquitto with TLS and dynamic security, managed b
     );
     await asDevice.publishAsync(topicFor(d.deviceId, 'up/vars'), upVars('enrolled', 'yes'), { qos: 1 });
     await until(() => bridge.bridge.store.devices.getVar(d.deviceId, 'd', 'enrolled'), "the enrolled device's publish");
-    expect(bridge.bridge.store.devices.getVar(d.deviceId, 'd', 'sneaky')).toBeUndefined();
-    await until(() => bridge.bridge.store.secretHash(d.deviceId), 'the hash in the database');
+    expect(await bridge.bridge.store.devices.getVar(d.deviceId, 'd', 'sneaky')).toBeUndefined();
+    await until(() => bridge.bridge.store.credentials.secretHash(d.deviceId), 'the hash in the database');
     await endClient(asDevice);
 
     // A second request for the same id does not change its secret.
@@ -528,10 +528,10 @@ describe('devcloud-bridge device, without a broker', () => {
         const id = JSON.parse(readFileSync(file, 'utf8')) as Provisioned;
         expect(Object.keys(id).sort()).toEqual(['authcode', 'deviceId', 'secret']);
         expect(file).toBe(join(outDir, `${id.deviceId}.json`));
-        expect(store.secretHash(id.deviceId)).toBe(hashSecret(id.secret));
+        expect(await store.credentials.secretHash(id.deviceId)).toBe(hashSecret(id.secret));
       }
     } finally {
-      store.close();
+      await store.close();
     }
   });
 

@@ -352,19 +352,18 @@ async function seedDevice(opts: { owner?: number; heardBy?: number[] } = {}): Pr
   const id = randomUUID();
   const authcode = randomBytes(16).toString('hex');
   const now = main.clock.now();
-  const devices = main.store.devices;
-  await main.store.write(() => {
-    devices.touch(id, now);
-    devices.setAuthcode(id, authcode);
-    devices.setMeta(id, 'unique', id, now, 'device');
-    devices.setMeta(id, 'state', 'connected', now, 'server');
+  await main.store.write(async ({ devices }) => {
+    await devices.touch(id, now);
+    await devices.setAuthcode(id, authcode);
+    await devices.setMeta(id, 'unique', id, now, 'device');
+    await devices.setMeta(id, 'state', 'connected', now, 'server');
     const led = { type: 'd', name: 'led' } as const;
-    devices.putVersion(id, { ...led, value: Buffer.from('off'), time: now - 2, origin: 'device' }, now, 'device');
-    devices.putVersion(id, { ...led, value: Buffer.from('on'), time: now - 1, origin: 'cloud' }, 0, 'user');
+    await devices.putVersion(id, { ...led, value: Buffer.from('off'), time: now - 2, origin: 'device' }, now, 'device');
+    await devices.putVersion(id, { ...led, value: Buffer.from('on'), time: now - 1, origin: 'cloud' }, 0, 'user');
     const blob = Buffer.from([0xff, 0x00, 0x80]);
-    devices.putVersion(id, { type: 's', name: 'blob', value: blob, time: now, origin: 'cloud' }, now, 'user');
-    if (opts.owner !== undefined) devices.claim(id, opts.owner, now);
-    for (const user of opts.heardBy ?? []) devices.heard(id, user, now);
+    await devices.putVersion(id, { type: 's', name: 'blob', value: blob, time: now, origin: 'cloud' }, now, 'user');
+    if (opts.owner !== undefined) await devices.claim(id, opts.owner, now);
+    for (const user of opts.heardBy ?? []) await devices.heard(id, user, now);
   });
   return { id, authcode };
 }
@@ -376,7 +375,12 @@ async function newUser(app?: string): Promise<{ login: string; password: string;
   const password = 'correct horse battery';
   const r = await call(main.app, { url: `/0/session/signup${app ? `?app=${app}` : ''}`, form: { login, password } });
   expect(r.status).toBe(201);
-  return { login, password, sid: r.sid!, id: main.store.userByLogin(app ?? main.defaultFrontend.id, login)!.id };
+  return {
+    login,
+    password,
+    sid: r.sid!,
+    id: (await main.store.userByLogin(app ?? main.defaultFrontend.id, login))!.id,
+  };
 }
 
 describe('every status and token the document lists is brought about', () => {
@@ -400,7 +404,7 @@ describe('every status and token the document lists is brought about', () => {
     ] as const) {
       const passwordHash = await hasherFor(b.config).hash('pw-odd-1234');
       const user = { frontendId: b.defaultFrontend.id, login, passwordHash, authcode: randomBytes(16).toString('hex') };
-      b.store.createUser({ ...user, now: b.clock.now() });
+      await b.store.createUser({ ...user, now: b.clock.now() });
     }
     /** The second of two identical requests to the limited bridge. */
     const twice = (url: string, form: Record<string, string>) => async () => {
@@ -502,7 +506,7 @@ describe('every status and token the document lists is brought about', () => {
 
   it('on the device and network routes', async () => {
     const [owner, stranger] = [await newUser(), await newUser()];
-    const farFrontend = main.addFrontend({ nearby: false });
+    const farFrontend = await main.addFrontend({ nearby: false });
     const far = await newUser(farFrontend.id);
     const own = await seedDevice({ owner: owner.id });
     const spare = await seedDevice({ owner: owner.id });
@@ -689,7 +693,7 @@ describe('every status and token the document lists is brought about', () => {
     const u = await newUser();
     // A record as `devcloud-bridge firmware add` writes it; the listing does not read the image file.
     const entry = { name: 'acme/sensor/3', platform: 'linux-x64', version: 3, from: ['linux-x64'], size: 1 };
-    main.store.firmware.add({
+    await main.store.firmware.add({
       ...entry,
       toPlatform: 'linux-x64',
       sha256: '0'.repeat(64),

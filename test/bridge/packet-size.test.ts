@@ -95,7 +95,10 @@ describe('packet size cap', () => {
     const honest = await rawConnect(port, login);
     cleanups.push(() => honest.close());
     await honest.write(publishPacket(topicFor(deviceId, 'up/vars'), big));
-    await until(() => live.bridge.store.devices.getVar(deviceId, 'd', 'big119') !== undefined, 'the large message');
+    await until(
+      async () => (await live.bridge.store.devices.getVar(deviceId, 'd', 'big119')) !== undefined,
+      'the large message',
+    );
     expect(honest.closed()).toBe(false);
 
     // One byte over the cap, announced in the header: the connection is closed without the body being read.

@@ -53,7 +53,7 @@ describe('the resend of unacknowledged changes to connected devices', () => {
 
   afterEach(async () => {
     await service.close();
-    store.close();
+    await store.close();
     rmSync(dir, { recursive: true, force: true });
     vi.useRealTimers();
   });
@@ -127,7 +127,7 @@ describe('the resend of unacknowledged changes to connected devices', () => {
         .items.map((i) => i.name),
     ).toEqual(['b']);
     await ack(D, sentTo(D).at(-1)!.items);
-    expect(store.devices.pending(D, '', 10)).toEqual([]);
+    expect(await store.devices.pending(D, '', 10)).toEqual([]);
     // Nothing left: the device leaves the schedule at its next due time, and nothing more is sent.
     await vi.advanceTimersByTimeAsync(MAX * 3);
     expect(sentTo(D)).toHaveLength(7);
@@ -201,10 +201,10 @@ describe('the resend of unacknowledged changes to connected devices', () => {
 
   it('sends a large backlog again in pages of 500', async () => {
     const D = await connect();
-    await store.write(() => {
+    await store.write(async (tx) => {
       for (let i = 0; i < 1200; i++) {
         const name = `v${String(i).padStart(4, '0')}`;
-        store.devices.putVersion(
+        await tx.devices.putVersion(
           D,
           { type: 'd', name, value: Buffer.from('x'), time: Date.now(), origin: 'cloud' },
           0,

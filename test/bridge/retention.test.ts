@@ -38,12 +38,12 @@ describe('history retention through the REST API', () => {
     expect(
       (await user.post('/0/session/signup', { form: { login: 'o@example.com', password: 'correct horse' } })).status,
     ).toBe(201);
-    const u = b.store.userByLogin(b.defaultFrontend.id, 'o@example.com')!;
+    const u = (await b.store.userByLogin(b.defaultFrontend.id, 'o@example.com'))!;
     const id = randomUUID();
-    await b.store.write(() => {
-      b.store.devices.touch(id, b.clock.now());
-      b.store.devices.setAuthcode(id, randomBytes(16).toString('hex'));
-      b.store.devices.claim(id, u.id, b.clock.now());
+    await b.store.write(async (tx) => {
+      await tx.devices.touch(id, b.clock.now());
+      await tx.devices.setAuthcode(id, randomBytes(16).toString('hex'));
+      await tx.devices.claim(id, u.id, b.clock.now());
     });
     return { user, id };
   }
@@ -148,8 +148,8 @@ describe('the pruner', () => {
   const dirs: string[] = [];
   const stores: SqliteStore[] = [];
 
-  afterEach(() => {
-    for (const s of stores.splice(0)) s.close();
+  afterEach(async () => {
+    for (const s of stores.splice(0)) await s.close();
     for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
   });
 
@@ -179,11 +179,11 @@ describe('the pruner', () => {
 
   /** `n` entries of `name` on `deviceId`, one second apart, ending at `end`. */
   async function grow(store: SqliteStore, deviceId: string, name: string, n: number, end: number): Promise<void> {
-    await store.write(() => {
-      store.devices.touch(deviceId, end);
+    await store.write(async (tx) => {
+      await tx.devices.touch(deviceId, end);
       for (let i = 0; i < n; i++) {
         const time = end - (n - 1 - i) * 1000;
-        store.devices.putVersion(
+        await tx.devices.putVersion(
           deviceId,
           { type: 'd', name, value: Buffer.from(`${name} ${i}`), time, origin: 'cloud' },
           time,
@@ -193,8 +193,8 @@ describe('the pruner', () => {
     });
   }
 
-  const rows = (store: SqliteStore, deviceId: string, name: string) =>
-    store.devices.history(deviceId, 'd', name, 1_000_000).length;
+  const rows = async (store: SqliteStore, deviceId: string, name: string) =>
+    (await store.devices.history(deviceId, 'd', name, 1_000_000)).length;
 
   it('removes in batches of at most batchRows, each its own transaction, yielding between them', async () => {
     const { store } = open();
@@ -217,7 +217,7 @@ describe('the pruner', () => {
       await new Promise((resolve) => setImmediate(resolve));
     }
     const result = await pass;
-    for (const c of age.mock.results) removedPerWrite.push(c.value as number);
+    for (const c of age.mock.results) removedPerWrite.push(await (c.value as Promise<number>));
     expect(age.mock.calls.every((c) => c[1] <= 250)).toBe(true);
     expect(age.mock.calls.at(-2)![1]).toBe(250);
     expect(count.mock.calls.every((c) => c[2] <= 250)).toBe(true);
@@ -228,10 +228,10 @@ describe('the pruner', () => {
     expect(result.batches).toBeGreaterThanOrEqual(Math.ceil(3000 / 250) + Math.ceil(2650 / 250));
     expect(write.mock.calls.length).toBe(result.batches);
     expect(turns).toBeGreaterThanOrEqual(result.batches);
-    expect(rows(store, D, 'old')).toBe(0);
-    expect(rows(store, D, 'busy')).toBe(10);
-    expect(rows(store, D, 'small7')).toBe(10);
-    expect(store.devices.history(D, 'd', 'busy', 1)[0]!.value!.toString()).toBe('busy 2599');
+    expect(await rows(store, D, 'old')).toBe(0);
+    expect(await rows(store, D, 'busy')).toBe(10);
+    expect(await rows(store, D, 'small7')).toBe(10);
+    expect((await store.devices.history(D, 'd', 'busy', 1))[0]!.value!.toString()).toBe('busy 2599');
   });
 
   it('shrinks its batches to what fits in batchMs, and no further than MIN_BATCH_ROWS', async () => {
@@ -246,7 +246,7 @@ describe('the pruner', () => {
     const sizes = age.mock.calls.map((c) => c[1]);
     expect(sizes.slice(1).every((n) => n === MIN_BATCH_ROWS)).toBe(true);
     expect(sizes.length).toBeGreaterThanOrEqual((600 - sizes[0]!) / MIN_BATCH_ROWS);
-    expect(rows(store, D, 'old')).toBe(0);
+    expect(await rows(store, D, 'old')).toBe(0);
 
     // Every batch fits: they grow to batchRows, at most doubling from one to the next.
     await grow(store, D, 'old', 2000, end - 10 * DAY);
@@ -284,13 +284,13 @@ describe('the pruner', () => {
     const end = Date.UTC(2030, 0, 1);
     const devices = Array.from({ length: 40 }, () => randomUUID());
     for (const d of devices) await grow(first.store, d, 'x', 30, end);
-    first.store.close();
+    await first.store.close();
     stores.splice(stores.indexOf(first.store), 1);
 
     const { store } = open(first.dir);
     const r = retention(store, { maxPerVariable: 20, batchRows: 100 });
     expect(await r.pass()).toMatchObject({ byCount: 40 * 10 });
-    for (const d of devices) expect(rows(store, d, 'x')).toBe(20);
+    for (const d of devices) expect(await rows(store, d, 'x')).toBe(20);
     // Nothing grew since: the next pass looks at nothing.
     const count = vi.spyOn(store.devices, 'pruneVariableHistory');
     expect(await r.pass()).toMatchObject({ byCount: 0 });

@@ -245,7 +245,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
 
     it('sends no confirmation when the frontend does not want one', async () => {
       const b = await start();
-      const f = b.addFrontend({ confirmationEmail: false });
+      const f = await b.addFrontend({ confirmationEmail: false });
       await signup(b.client(), 'alice@example.com', PASSWORD, `?app=${f.id}`);
       expect(outboxMails(b)).toHaveLength(0);
     });
@@ -302,7 +302,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
         expect(res.sid).toBeUndefined();
       }
       // Nothing was created by the failures.
-      expect(b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')).toBeUndefined();
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')).toBeUndefined();
       await signup(c, 'alice@example.com', '12345678');
     });
   });
@@ -607,7 +607,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       const b = await start();
       const c = b.client();
       await signup(c, 'alice@example.com');
-      const userId = b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')!.id;
+      const userId = (await b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com'))!.id;
       const first = (await readUser(c)).authcode;
 
       b.clock.advance(DAY - 1);
@@ -620,26 +620,26 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       // The rotation is stored: the next read gives the same new code.
       expect((await readUser(c)).authcode).toBe(second);
 
-      expect(userOfAuthcode(b.store, second, rotatedAt)?.id).toBe(userId);
-      expect(userOfAuthcode(b.store, first, rotatedAt)?.id).toBe(userId);
-      expect(userOfAuthcode(b.store, first, rotatedAt + HOUR - 1)?.id).toBe(userId);
-      expect(userOfAuthcode(b.store, first, rotatedAt + HOUR)).toBeUndefined();
-      expect(userOfAuthcode(b.store, second, rotatedAt + HOUR)?.id).toBe(userId);
-      expect(userOfAuthcode(b.store, 'ab'.repeat(16), rotatedAt)).toBeUndefined();
+      expect((await userOfAuthcode(b.store, second, rotatedAt))?.id).toBe(userId);
+      expect((await userOfAuthcode(b.store, first, rotatedAt))?.id).toBe(userId);
+      expect((await userOfAuthcode(b.store, first, rotatedAt + HOUR - 1))?.id).toBe(userId);
+      expect(await userOfAuthcode(b.store, first, rotatedAt + HOUR)).toBeUndefined();
+      expect((await userOfAuthcode(b.store, second, rotatedAt + HOUR))?.id).toBe(userId);
+      expect(await userOfAuthcode(b.store, 'ab'.repeat(16), rotatedAt)).toBeUndefined();
 
       // A day later it rotates again, and the first code is forgotten altogether.
       b.clock.advance(DAY);
       const third = (await readUser(c)).authcode;
       expect(new Set([first, second, third]).size).toBe(3);
-      expect(userOfAuthcode(b.store, second, b.clock.now())?.id).toBe(userId);
-      expect(userOfAuthcode(b.store, first, b.clock.now())).toBeUndefined();
+      expect((await userOfAuthcode(b.store, second, b.clock.now()))?.id).toBe(userId);
+      expect(await userOfAuthcode(b.store, first, b.clock.now())).toBeUndefined();
     });
   });
 
   describe('frontends (decision 15)', () => {
     it('keeps the users of two frontends apart', async () => {
       const b = await start();
-      const other = b.addFrontend();
+      const other = await b.addFrontend();
       const inOther = `?app=${other.id}`;
 
       const a = b.client();
@@ -647,8 +647,8 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       const o = b.client();
       await signup(o, 'alice@example.com', 'other password', inOther);
 
-      expect(b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')).toBeDefined();
-      expect(b.store.userByLogin(other.id, 'alice@example.com')).toBeDefined();
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')).toBeDefined();
+      expect(await b.store.userByLogin(other.id, 'alice@example.com')).toBeDefined();
 
       // Each password works only where it was set.
       const x = b.client();
@@ -670,7 +670,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
 
     it('a session of one frontend is no session in another', async () => {
       const b = await start();
-      const other = b.addFrontend();
+      const other = await b.addFrontend();
       const c = b.client();
       await signup(c, 'alice@example.com');
       const sid = c.sid;
@@ -685,7 +685,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
 
     it('takes the frontend from the Host header, then from app in the query or form, else the default', async () => {
       const b = await start();
-      const f = b.addFrontend();
+      const f = await b.addFrontend();
       const host = { host: `${f.id}.example.com` };
 
       // Host: the uuid label names the frontend, in any letter case and with a port.
@@ -695,8 +695,8 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
         201,
         'signup-ok',
       );
-      expect(b.store.userByLogin(f.id, 'host@example.com')).toBeDefined();
-      expect(b.store.userByLogin(b.defaultFrontend.id, 'host@example.com')).toBeUndefined();
+      expect(await b.store.userByLogin(f.id, 'host@example.com')).toBeDefined();
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'host@example.com')).toBeUndefined();
       expect((await readUser(h, '', { headers: { host: `${f.id.toUpperCase()}.Example.COM:8443` } })).login).toBe(
         'host@example.com',
       );
@@ -711,14 +711,14 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
         201,
         'signup-ok',
       );
-      expect(b.store.userByLogin(f.id, 'form@example.com')).toBeDefined();
+      expect(await b.store.userByLogin(f.id, 'form@example.com')).toBeDefined();
       expectToken(await form.post('/0/user/', { form: { app: f.id, k: 'v' } }), 200, 'user-data-ok');
       expect((await readUser(form, `?app=${f.id}`)).data).toEqual({ k: 'v' });
 
       // Neither: the default frontend, also for a Host that is not a frontend's.
       const d = b.client();
       await signup(d, 'default@example.com', PASSWORD);
-      expect(b.store.userByLogin(b.defaultFrontend.id, 'default@example.com')).toBeDefined();
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'default@example.com')).toBeDefined();
       expect((await readUser(d, '', { headers: { host: 'devcloud.example.com' } })).login).toBe('default@example.com');
     });
 
@@ -748,12 +748,12 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       }
       expectToken(await c.post('/0/session/', { form: { app: unknown } }), 404, 'not found');
       expect(c.sid).toBeUndefined();
-      expect(b.store.userByLogin(b.defaultFrontend.id, 'a@example.com')).toBeUndefined();
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'a@example.com')).toBeUndefined();
     });
 
     it('with allowDefault off, a request that names no frontend gets 404 not found', async () => {
       const b = await start({ config: { frontends: { allowDefault: false } } });
-      const f = b.addFrontend();
+      const f = await b.addFrontend();
       const c = b.client();
       expectToken(await c.post('/0/session/'), 404, 'not found');
       expectToken(await c.get('/0/user/'), 404, 'not found');

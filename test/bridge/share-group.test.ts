@@ -198,11 +198,15 @@ describe.skipIf(missing('mosquitto'))('links in one share group on Mosquitto', (
       await d.client.publishAsync(topicFor(d.id, 'up/vars'), encode('up/vars', { id, items }), { qos: 1 });
     }
     const store = live.bridge.store.devices;
-    const atBridge = () => names.filter((n) => store.getVar(d.id, 'd', n) !== undefined);
+    const atBridge = async () => {
+      const held: string[] = [];
+      for (const n of names) if ((await store.getVar(d.id, 'd', n)) !== undefined) held.push(n);
+      return held;
+    };
     const atPeer = () => peer.ids.map((id) => byName.get(id)).filter((n) => n !== undefined);
-    await until(() => atBridge().length + atPeer().length >= names.length, 'every message handled');
-    expect([...atBridge(), ...atPeer()].sort()).toEqual([...names].sort());
-    expect(atBridge().length).toBeGreaterThan(0);
+    await until(async () => (await atBridge()).length + atPeer().length >= names.length, 'every message handled');
+    expect([...(await atBridge()), ...atPeer()].sort()).toEqual([...names].sort());
+    expect((await atBridge()).length).toBeGreaterThan(0);
     expect(atPeer().length).toBeGreaterThan(0);
   });
 

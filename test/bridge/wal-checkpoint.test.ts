@@ -10,7 +10,6 @@ import { existsSync, openSync, readSync, closeSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
-import type { Db } from '../../lib/sqlite.js';
 import { tempDir } from '../support/agent.js';
 import { until } from '../support/wait.js';
 
@@ -30,8 +29,8 @@ describe('WAL checkpoints in the background', () => {
   const dirs: string[] = [];
   const stores: SqliteStore[] = [];
 
-  afterEach(() => {
-    for (const s of stores.splice(0)) s.close();
+  afterEach(async () => {
+    for (const s of stores.splice(0)) await s.close();
     for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
   });
 
@@ -47,15 +46,14 @@ describe('WAL checkpoints in the background', () => {
   async function fill(store: SqliteStore, mib: number): Promise<void> {
     const id = randomUUID();
     const value = Buffer.alloc(4000, 'x');
-    await store.write(() => {
-      store.devices.touch(id, 1);
+    await store.write(async (tx) => {
+      await tx.devices.touch(id, 1);
       for (let i = 0; i < mib * 256; i++)
-        store.devices.putVersion(id, { type: 'd', name: 'v', value, time: i + 1, origin: 'cloud' }, i + 1, 'user');
+        await tx.devices.putVersion(id, { type: 'd', name: 'v', value, time: i + 1, origin: 'cloud' }, i + 1, 'user');
     });
   }
 
-  const autocheckpoint = (store: SqliteStore): unknown =>
-    (store as unknown as { db: Db }).db.pragma('wal_autocheckpoint', { simple: true });
+  const autocheckpoint = (store: SqliteStore): unknown => store.core.db.pragma('wal_autocheckpoint', { simple: true });
 
   it('copies a log past 1000 pages into the database from a worker, never inside a commit', async () => {
     const { store, wal } = open(true);
@@ -80,7 +78,7 @@ describe('WAL checkpoints in the background', () => {
     await fill(store, 1);
     expect(existsSync(wal)).toBe(true);
     stores.splice(stores.indexOf(store), 1);
-    store.close();
+    await store.close();
     expect(existsSync(wal)).toBe(false);
   });
 });

@@ -136,7 +136,7 @@ describe('commands across crashes', () => {
     (await waitForSocket(first.socket)).close();
     const { deviceId } = identity;
     const http = bridge.client();
-    await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
+    await until(async () => (await bridge.bridge.store.devices.device(deviceId))?.authcode ?? undefined, 'the hello');
     await signupAndClaim(http, identity.authcode, deviceId);
     return { bridge, work, deviceId, http, spawn, first };
   }

@@ -33,7 +33,7 @@ describe('commands through a real bridge and agent', () => {
     chmodSync(join(handlers, 'greet'), 0o755);
     agent = await startAgent({ mqttUrl: bridge.mqttUrl, flags: { 'commands.dir': handlers } });
     const id = agent.agent.identity.deviceId;
-    await until(() => bridge!.bridge.store.devices.device(id)?.authcode ?? undefined, 'the hello');
+    await until(async () => (await bridge!.bridge.store.devices.device(id))?.authcode ?? undefined, 'the hello');
     const http = bridge.client();
     await http.post('/0/session/signup', { form: { login: 'cmd@example.com', password: 'correct horse battery' } });
     const claim = await http.post('/0/devices/', { form: { auth: agent.agent.identity.authcode } });

@@ -86,10 +86,10 @@ describe('pruning finished commands', () => {
     let now = Date.UTC(2030, 0, 1);
     const service = new CommandService({ store, log, now: () => now, maxOpen: 1000 });
     const device = uuid(99);
-    await store.write(() => {
-      store.devices.touch(device, now);
+    await store.write(async (tx) => {
+      await tx.devices.touch(device, now);
       for (let n = 1; n <= 3; n++) {
-        store.commands.add({
+        await tx.commands.add({
           id: uuid(n),
           deviceId: device,
           userId: null,
@@ -99,15 +99,15 @@ describe('pruning finished commands', () => {
           expiresAt: now + 40 * DAY,
         });
       }
-      store.commands.report(device, { id: 'r1', cmd: uuid(1), state: 'done', at: now });
-      store.commands.report(device, { id: 'r2', cmd: uuid(2), state: 'failed', at: now + 20 * DAY, reason: 'x' });
+      await tx.commands.report(device, { id: 'r1', cmd: uuid(1), state: 'done', at: now });
+      await tx.commands.report(device, { id: 'r2', cmd: uuid(2), state: 'failed', at: now + 20 * DAY, reason: 'x' });
     });
     now += 31 * DAY;
     expect(await service.prune(30)).toBe(1);
-    expect(store.commands.get(uuid(1))).toBeUndefined();
-    expect(store.commands.get(uuid(2))?.state).toBe('failed');
+    expect(await store.commands.get(uuid(1))).toBeUndefined();
+    expect((await store.commands.get(uuid(2)))?.state).toBe('failed');
     // Still open after 31 days: kept.
-    expect(store.commands.get(uuid(3))?.state).toBe('queued');
-    store.close();
+    expect((await store.commands.get(uuid(3)))?.state).toBe('queued');
+    await store.close();
   });
 });

@@ -26,26 +26,25 @@ beforeAll(async () => {
   owner = b.client();
   const login = 'owner@example.com';
   expect((await owner.post('/0/session/signup', { form: { login, password: 'correct horse' } })).status).toBe(201);
-  ownerId = b.store.userByLogin(b.defaultFrontend.id, login)!.id;
+  ownerId = (await b.store.userByLogin(b.defaultFrontend.id, login))!.id;
   t = b.clock.now();
-  const { devices, commands } = b.store;
-  const add = (id: string, deviceId: string, command: Buffer) =>
-    commands.add({ id, deviceId, userId: ownerId, command, priority: 1, createdAt: t, expiresAt: t + 60_000 });
-  await b.store.write(() => {
+  await b.store.write(async ({ devices, commands }) => {
+    const add = (id: string, deviceId: string, command: Buffer) =>
+      commands.add({ id, deviceId, userId: ownerId, command, priority: 1, createdAt: t, expiresAt: t + 60_000 });
     for (const d of [own, nearby, full]) {
-      devices.touch(d.id, t);
-      devices.setAuthcode(d.id, d.authcode);
+      await devices.touch(d.id, t);
+      await devices.setAuthcode(d.id, d.authcode);
     }
-    devices.claim(own.id, ownerId, t);
-    devices.claim(full.id, ownerId, t);
-    devices.heard(nearby.id, ownerId, t);
-    add(ran, own.id, Buffer.from('greet the team'));
-    commands.markSent(ran, t);
-    commands.report(own.id, { id: 'r1', cmd: ran, state: 'queued', at: t + 1 });
-    commands.report(own.id, { id: 'r2', cmd: ran, state: 'running', at: t + 2 });
-    commands.report(own.id, { id: 'r3', cmd: ran, state: 'done', at: t + 3, exitCode: 0, signal: null, output });
-    add(binary, own.id, Buffer.from([0x62, 0x00, 0xff]));
-    for (let i = 0; i < b.config.commands.maxOpen; i++) add(randomUUID(), full.id, Buffer.from(`ping ${i}`));
+    await devices.claim(own.id, ownerId, t);
+    await devices.claim(full.id, ownerId, t);
+    await devices.heard(nearby.id, ownerId, t);
+    await add(ran, own.id, Buffer.from('greet the team'));
+    await commands.markSent(ran, t);
+    await commands.report(own.id, { id: 'r1', cmd: ran, state: 'queued', at: t + 1 });
+    await commands.report(own.id, { id: 'r2', cmd: ran, state: 'running', at: t + 2 });
+    await commands.report(own.id, { id: 'r3', cmd: ran, state: 'done', at: t + 3, exitCode: 0, signal: null, output });
+    await add(binary, own.id, Buffer.from([0x62, 0x00, 0xff]));
+    for (let i = 0; i < b.config.commands.maxOpen; i++) await add(randomUUID(), full.id, Buffer.from(`ping ${i}`));
   });
 });
 
@@ -56,10 +55,10 @@ afterAll(async () => {
 const UUID_V4 = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
 /** The command a 200 answered, as the bridge stored it before the answer. */
-function stored(answer: { status: number; body: string }) {
+async function stored(answer: { status: number; body: string }) {
   expect(answer.status, answer.body).toBe(200);
   expect(answer.body).toMatch(UUID_V4);
-  const c = b.store.commands.get(answer.body);
+  const c = await b.store.commands.get(answer.body);
   expect(c, 'stored before the answer').toBeDefined();
   return { ...c!, lifetime: c!.expiresAt - c!.createdAt };
 }
@@ -68,41 +67,43 @@ describe('POST /0/devices/<id>/', () => {
   it('stores the command with its priority, lifetime and bytes before it answers its uuid', async () => {
     const limits = b.config.commands;
     const url = `/0/devices/${own.id}`;
-    const plain = stored(await owner.post(url, { form: { command: 'ping' } }));
+    const plain = await stored(await owner.post(url, { form: { command: 'ping' } }));
     expect(plain).toMatchObject({ deviceId: own.id, priority: 0, state: 'queued', lifetime: limits.defaultLifetimeMs });
     expect(plain.command.toString()).toBe('ping');
     // command64, priority and lifetime as JSON numbers, by auth code with a trailing slash.
     const json = { command64: 'YgD/', priority: 2, lifetime: 5000 };
-    const numbers = stored(await owner.post(`/0/devices/${own.authcode}/`, { json }));
+    const numbers = await stored(await owner.post(`/0/devices/${own.authcode}/`, { json }));
     expect([numbers.command, numbers.priority, numbers.lifetime]).toEqual([Buffer.from([0x62, 0x00, 0xff]), 2, 5000]);
     // command64 wins over command.
-    const both = stored(await owner.post(url, { form: { command: 'ignored', command64: 'cGluZw==', priority: '1' } }));
-    expect([both.command.toString(), both.priority]).toEqual(['ping', 1]);
-    expect(stored(await owner.post(`/0/devices/${nearby.authcode}`, { form: { command: 'ping' } })).deviceId).toBe(
-      nearby.id,
+    const both = await stored(
+      await owner.post(url, { form: { command: 'ignored', command64: 'cGluZw==', priority: '1' } }),
     );
+    expect([both.command.toString(), both.priority]).toEqual(['ping', 1]);
+    expect(
+      (await stored(await owner.post(`/0/devices/${nearby.authcode}`, { form: { command: 'ping' } }))).deviceId,
+    ).toBe(nearby.id);
   });
 
   it('refuses a command past the open-command limit, and the queue stays as it was', async () => {
     const max = b.config.commands.maxOpen;
-    expect(b.store.commands.openCount(full.id)).toBe(max);
+    expect(await b.store.commands.openCount(full.id)).toBe(max);
     for (const url of [`/0/devices/${full.id}`, `/0/devices/${full.id}/ping`]) {
       const r = await owner.post(url, url.endsWith('ping') ? {} : { form: { command: 'ping' } });
       expect([r.status, r.body]).toEqual([400, 'device-fail']);
     }
-    expect(b.store.commands.openCount(full.id)).toBe(max);
+    expect(await b.store.commands.openCount(full.id)).toBe(max);
   });
 });
 
 describe("POST /0/devices/<id>/<command>, the older clients' spelling", () => {
   it('takes the decoded segment as the command, with the default priority and lifetime', async () => {
-    const ping = stored(await owner.post(`/0/devices/${own.id}/ping`));
+    const ping = await stored(await owner.post(`/0/devices/${own.id}/ping`));
     expect([ping.command.toString(), ping.priority, ping.lifetime]).toEqual([
       'ping',
       0,
       b.config.commands.defaultLifetimeMs,
     ]);
-    const spaces = stored(await owner.post(`/0/devices/${own.id}/greet%20the%20team`));
+    const spaces = await stored(await owner.post(`/0/devices/${own.id}/greet%20the%20team`));
     expect(spaces.command.toString()).toBe('greet the team');
   });
 });

@@ -163,7 +163,10 @@ export async function startRig(opts: RigOptions = {}): Promise<Rig> {
 
   let agent: TestAgent | undefined = await startAgent({ mqttUrl: bridge.mqttUrl, stateDir: agentState, flags });
   const deviceId = agent.agent.identity.deviceId;
-  const authcode = await until(() => bridge.bridge.store.devices.device(deviceId)?.authcode ?? undefined, 'the hello');
+  const authcode = await until(
+    async () => (await bridge.bridge.store.devices.device(deviceId))?.authcode ?? undefined,
+    'the hello',
+  );
   const http = bridge.client();
   const signup = await http.post('/0/session/signup', {
     form: { login: `cmd-${randomUUID()}@example.com`, password: 'correct horse battery' },

@@ -174,11 +174,11 @@ describe('firmware downloads cut, resumed and cancelled', () => {
     const a = await agentOn(stateDir);
     const id = a.agent.identity.deviceId;
     const store = live.bridge.store;
-    const auth = await until(() => store.devices.device(id)?.authcode ?? undefined, 'the hello');
+    const auth = await until(async () => (await store.devices.device(id))?.authcode ?? undefined, 'the hello');
     expect((await web.post('/0/devices/', { form: { auth } })).status).toBe(201);
     await a.agent.vars.set('d', 'mode', Buffer.from('connected'));
-    await until(() => store.devices.getVar(id, 'd', 'mode')?.acked, 'mode connected on the bridge');
-    await until(() => metaOf(store, id, 'state') === 'connected', 'the device online');
+    await until(async () => (await store.devices.getVar(id, 'd', 'mode'))?.acked, 'mode connected on the bridge');
+    await until(async () => (await metaOf(store, id, 'state')) === 'connected', 'the device online');
     return { a, id, stateDir };
   }
 
@@ -187,7 +187,7 @@ describe('firmware downloads cut, resumed and cancelled', () => {
     expect([r.status, r.body]).toEqual([200, 'device-ok']);
   };
   const fwstate = (id: string, state: string) =>
-    until(() => metaOf(live.bridge.store, id, 'fwstate') === state, `fwstate ${state}`);
+    until(async () => (await metaOf(live.bridge.store, id, 'fwstate')) === state, `fwstate ${state}`);
   /** The partial image of the job the proxy's request `n` was for. */
   const partOf = async (stateDir: string, n = 0) => {
     const seen = await until(() => proxy.seen[n], `image request ${n}`);
@@ -212,7 +212,7 @@ describe('firmware downloads cut, resumed and cancelled', () => {
     ]);
     expect(a.sink.events('fw.download_retry')).toMatchObject([{ attempt: 1, waitMs: 0 }]);
     expect(a.sink.events('fw.downloaded')).toMatchObject([{ bytes: size, resumedFrom: cut }]);
-    expect(fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
+    expect(await fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
     expect(await activeSlot(join(stateDir, 'slots'))).toBe('b');
     const part = await partOf(stateDir);
     await until(() => !existsSync(part), 'the image file removed');
@@ -244,7 +244,7 @@ describe('firmware downloads cut, resumed and cancelled', () => {
       [`bytes=${stall}-`, 206, size - stall],
     ]);
     expect(b.sink.events('fw.downloaded')).toMatchObject([{ bytes: size, resumedFrom: stall }]);
-    expect(fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
+    expect(await fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
     expect(await activeSlot(join(stateDir, 'slots'))).toBe('b');
   });
 
@@ -265,8 +265,8 @@ describe('firmware downloads cut, resumed and cancelled', () => {
     await until(() => proxy.seen[0]?.closed, 'the stalled request dropped');
     expect(a.agent.firmware.store.latest()).toMatchObject({ state: 'cancelled', fromSlot: null, toSlot: null });
     expect(await activeSlot(slots)).toBe(before);
-    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
-    expect(fwStates(live.bridge.store, id)).toEqual(['idle', 'downloading', 'cancelled']);
+    expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    expect(await fwStates(live.bridge.store, id)).toEqual(['idle', 'downloading', 'cancelled']);
 
     // A new update from scratch: a new job, a fresh download, installed and switched.
     await startUpdate(id);
@@ -293,19 +293,19 @@ describe('firmware downloads cut, resumed and cancelled', () => {
     const part = await partOf(stateDir);
     await until(() => partSize(part) === stall, 'the stalled bytes on disk');
     await stopAgent(a);
-    await until(() => metaOf(live.bridge.store, id, 'state') === 'disconnected', 'the device offline');
+    await until(async () => (await metaOf(live.bridge.store, id, 'state')) === 'disconnected', 'the device offline');
 
     // The bridge cannot reach the device; it answers firmware-ok and keeps the cancel for the device's return.
     const r = await web.request('DELETE', `/0/devices/${id}/fw`);
     expect([r.status, r.body]).toEqual([200, 'firmware-ok']);
-    expect(live.bridge.store.fwJobs.openOf(id)).toMatchObject({ cancelled: true });
+    expect(await live.bridge.store.fwJobs.openOf(id)).toMatchObject({ cancelled: true });
 
     const b = await agentOn(stateDir);
     await fwstate(id, 'cancelled');
     await until(() => !existsSync(part), 'the partial image removed');
     expect(b.agent.firmware.store.latest()).toMatchObject({ state: 'cancelled' });
     expect(await activeSlot(slots)).toBe(before);
-    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
-    expect(fwStates(live.bridge.store, id)).toEqual(['idle', 'downloading', 'cancelled']);
+    expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    expect(await fwStates(live.bridge.store, id)).toEqual(['idle', 'downloading', 'cancelled']);
   });
 });

@@ -72,11 +72,11 @@ describe("the agent's own update", () => {
   /** Claims the device that `deviceId` names and waits until it may take an update. */
   async function claim(id: string, setMode: () => Promise<unknown>): Promise<void> {
     const store = live.bridge.store;
-    const auth = await until(() => store.devices.device(id)?.authcode ?? undefined, 'the hello');
+    const auth = await until(async () => (await store.devices.device(id))?.authcode ?? undefined, 'the hello');
     expect((await web.post('/0/devices/', { form: { auth } })).status).toBe(201);
     await setMode();
-    await until(() => store.devices.getVar(id, 'd', 'mode')?.acked, 'mode connected on the bridge');
-    await until(() => metaOf(store, id, 'state') === 'connected', 'the device online');
+    await until(async () => (await store.devices.getVar(id, 'd', 'mode'))?.acked, 'mode connected on the bridge');
+    await until(async () => (await metaOf(store, id, 'state')) === 'connected', 'the device online');
   }
 
   const startUpdate = async (id: string) => {
@@ -84,7 +84,7 @@ describe("the agent's own update", () => {
     expect([r.status, r.body]).toEqual([200, 'device-ok']);
   };
   const fwstate = (id: string, state: string) =>
-    until(() => metaOf(live.bridge.store, id, 'fwstate') === state, `fwstate ${state}`);
+    until(async () => (await metaOf(live.bridge.store, id, 'fwstate')) === state, `fwstate ${state}`);
 
   /** A device updated up to the switch: the agent has stopped itself for the restart and is not running. */
   async function switchedAndStopped() {
@@ -108,12 +108,12 @@ describe("the agent's own update", () => {
     const second = await agentOn(stateDir);
     expect(second.a.sink.events('fw.resume')).toMatchObject([{ state: 'restarting', attempt: 2 }]);
     await fwstate(id, 'done');
-    expect(fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
-    expect(metaOf(live.bridge.store, id, 'fwversion')).toBe('5');
+    expect(await fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
+    expect(await metaOf(live.bridge.store, id, 'fwversion')).toBe('5');
     expect(await activeSlot(slots)).toBe('b');
     expect(second.restarts()).toBe(0);
     expect(second.a.agent.firmware.store.latest()).toMatchObject({ state: 'done', restartPending: false });
-    expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+    expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
   });
 
   /** `devcloud-agent fw rollback --json` in this process, with the agent's firmware settings from a config file. */
@@ -166,13 +166,16 @@ describe("the agent's own update", () => {
       // The agent started after the rollback reports it, and does not restart again.
       const next = await agentOn(stateDir);
       await fwstate(id, 'rolledback');
-      expect(metaOf(live.bridge.store, id, 'fwerror')).toContain('rolled back by hand');
-      expect(metaOf(live.bridge.store, id, 'fwversion')).toBe('0');
-      expect(fwStates(live.bridge.store, id).slice(-2)).toEqual([stuck ? 'committing' : 'restarting', 'rolledback']);
+      expect(await metaOf(live.bridge.store, id, 'fwerror')).toContain('rolled back by hand');
+      expect(await metaOf(live.bridge.store, id, 'fwversion')).toBe('0');
+      expect((await fwStates(live.bridge.store, id)).slice(-2)).toEqual([
+        stuck ? 'committing' : 'restarting',
+        'rolledback',
+      ]);
       expect(next.restarts()).toBe(0);
       expect(next.a.agent.firmware.store.latest()).toMatchObject({ state: 'rolledback', restartPending: false });
       expect(await activeSlot(slots)).toBe('a');
-      expect(live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
+      expect(await live.bridge.store.fwJobs.openOf(id)).toBeUndefined();
     },
   );
 
@@ -207,7 +210,7 @@ describe("the agent's own update", () => {
     const second = spawnAgent(args);
     procs.push(second);
     await fwstate(id, 'done');
-    expect(fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
+    expect(await fwStates(live.bridge.store, id)).toEqual(FULL_RUN);
     expect(await activeSlot(join(stateDir, 'slots'))).toBe('b');
     expect(second.proc.exitCode).toBeNull();
   });

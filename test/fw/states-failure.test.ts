@@ -202,13 +202,13 @@ const ROWS: Row[] = [
       const id = agent.agent.identity.deviceId;
       const store = ctx.live.bridge.store;
       await until(
-        () =>
-          metaOf(store, id, 'fwstate') === 'rollingback' &&
-          /rollback: .*exit status 7/.test(metaOf(store, id, 'fwerror') ?? ''),
+        async () =>
+          (await metaOf(store, id, 'fwstate')) === 'rollingback' &&
+          /rollback: .*exit status 7/.test((await metaOf(store, id, 'fwerror')) ?? ''),
         'the failed rollback reported',
       );
       // While it waits, the code names what failed last: the rollback, not the health check before it.
-      expect(metaOf(store, id, 'fwerrorcode')).toBe('rollback');
+      expect(await metaOf(store, id, 'fwerrorcode')).toBe('rollback');
       // Stuck, not abandoned: the slot is still the new one, and the state says rollingback.
       expect(ctx.installer.active()).toBe('b');
       expect(agent.agent.firmware.status().state).toBe('rollingback');
@@ -320,26 +320,26 @@ describe('a failure at every state of the firmware update', () => {
     const claim = await http.post('/0/devices/', { form: { auth: agent.agent.identity.authcode } });
     expect([claim.status, claim.body]).toEqual([201, id]);
     await agent.agent.vars.set('d', 'mode', Buffer.from('connected'));
-    await until(() => store.devices.getVar(id, 'd', 'mode')?.acked, 'mode connected at the bridge');
-    await until(() => metaOf(store, id, 'fwstate') === 'idle', 'fwstate idle at the bridge');
+    await until(async () => (await store.devices.getVar(id, 'd', 'mode'))?.acked, 'mode connected at the bridge');
+    await until(async () => (await metaOf(store, id, 'fwstate')) === 'idle', 'fwstate idle at the bridge');
 
     const r = await http.post(`/0/devices/${id}/fw/${name}`);
     expect([r.status, r.body]).toEqual([200, 'device-ok']);
 
     if (row.recover) await row.recover(ctx, agent);
-    await until(() => metaOf(store, id, 'fwstate') === row.final, `fwstate ${row.final}`);
+    await until(async () => (await metaOf(store, id, 'fwstate')) === row.final, `fwstate ${row.final}`);
     // The job is over on both sides: the bridge records the outcome, the agent saved the same final state.
-    await until(() => store.fwJobs.openOf(id) === undefined, 'the job ended at the bridge');
+    await until(async () => (await store.fwJobs.openOf(id)) === undefined, 'the job ended at the bridge');
 
-    expect(fwStates(store, id)).toEqual(row.states);
-    const fwerror = metaOf(store, id, 'fwerror') ?? '';
+    expect(await fwStates(store, id)).toEqual(row.states);
+    const fwerror = (await metaOf(store, id, 'fwerror')) ?? '';
     if (row.error) expect(fwerror).toMatch(row.error);
     else expect(fwerror).toBe('');
     // The code travels beside the text, on up/meta to the bridge's `meta` variable.
-    expect(metaOf(store, id, 'fwerrorcode')).toBe(row.code);
+    expect(await metaOf(store, id, 'fwerrorcode')).toBe(row.code);
     expect(agent.agent.firmware.status()).toMatchObject({ job: { errorCode: row.code } });
-    expect(metaOf(store, id, 'fwversion')).toBe(row.fwversion);
-    expect(metaOf(store, id, 'fwname')).toBe(name);
+    expect(await metaOf(store, id, 'fwversion')).toBe(row.fwversion);
+    expect(await metaOf(store, id, 'fwname')).toBe(name);
 
     if (inj.flags?.['firmware.installer'] === 'command') {
       expect(ctx.installer.active()).toBe(row.slot);

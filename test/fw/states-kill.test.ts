@@ -350,12 +350,12 @@ describe('kill -9 of the agent in each firmware state, then a restart on the sam
     let agent = await spawn();
     const client = await waitForSocket(agent.socket);
     const { deviceId: id } = await client.status<{ deviceId: string }>();
-    const authcode = await until(() => store.devices.device(id)?.authcode ?? undefined, 'the hello');
+    const authcode = await until(async () => (await store.devices.device(id))?.authcode ?? undefined, 'the hello');
     const claim = await http.post('/0/devices/', { form: { auth: authcode } });
     expect([claim.status, claim.body]).toEqual([201, id]);
     await client.set('d', 'mode', 'connected');
     client.close();
-    await until(() => store.devices.getVar(id, 'd', 'mode')?.acked, 'mode connected on the bridge');
+    await until(async () => (await store.devices.getVar(id, 'd', 'mode'))?.acked, 'mode connected on the bridge');
 
     row.arm?.(ctx);
     const start = await http.post(`/0/devices/${id}/fw/${NAME}`);
@@ -365,26 +365,29 @@ describe('kill -9 of the agent in each firmware state, then a restart on the sam
     for (let n = 1; n <= kills; n++) {
       await (row.held ?? ((c: Ctx, k: number) => heldBy(c, row.hold!, k)))(ctx, n);
       // The bridge has the state too, so the sequence it recorded is the one the agent went through.
-      await until(() => metaOf(store, id, 'fwstate') === row.state, `fwstate ${row.state} on the bridge`);
+      await until(async () => (await metaOf(store, id, 'fwstate')) === row.state, `fwstate ${row.state} on the bridge`);
       await agent.kill9();
       row.between?.(ctx);
       agent = await spawn();
     }
 
-    const final = await until(() => {
-      const s = metaOf(store, id, 'fwstate');
+    const final = await until(async () => {
+      const s = await metaOf(store, id, 'fwstate');
       return s === 'done' || s === 'rolledback' || s === 'failed' ? s : undefined;
     }, 'a final state');
-    expect(final, metaOf(store, id, 'fwerror')).toBe(row.final);
-    expect(fwStates(store, id)).toEqual(row.states);
+    expect(final, await metaOf(store, id, 'fwerror')).toBe(row.final);
+    expect(await fwStates(store, id)).toEqual(row.states);
     const updated = row.final === 'done';
     const slot =
       row.firmware?.installer === 'command'
         ? readFileSync(join(work, 'active'), 'utf8').trim()
         : await activeSlot(join(stateDir, 'slots'));
     expect(slot).toBe(updated ? 'b' : 'a');
-    await until(() => metaOf(store, id, 'fwversion') === (updated ? '2' : '1'), 'fwversion on the bridge');
-    if (row.error) expect(metaOf(store, id, 'fwerror')).toMatch(row.error);
+    await until(
+      async () => (await metaOf(store, id, 'fwversion')) === (updated ? '2' : '1'),
+      'fwversion on the bridge',
+    );
+    if (row.error) expect(await metaOf(store, id, 'fwerror')).toMatch(row.error);
     expect(readFileSync(join(work, 'calls'), 'utf8').split('\n').filter(Boolean)).toEqual(row.calls);
     row.check?.(ctx);
   });

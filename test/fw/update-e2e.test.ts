@@ -53,7 +53,7 @@ interface Gateway {
 async function startGateway(stateDir: string, flags: Record<string, unknown>): Promise<TestAgent> {
   const ta = await startAgent({ mqttUrl: live.mqttUrl, stateDir, flags, level: 'info' });
   const id = ta.agent.identity.deviceId;
-  await until(() => metaOf(store(), id, 'state') === 'connected', 'the gateway connected');
+  await until(async () => (await metaOf(store(), id, 'state')) === 'connected', 'the gateway connected');
   return ta;
 }
 
@@ -74,7 +74,7 @@ async function newGateway(extra: (slots: string) => Record<string, unknown> = ()
   };
   const ta = await startGateway(stateDir, flags);
   const id = ta.agent.identity.deviceId;
-  await until(() => store().devices.device(id)?.authcode, 'the hello');
+  await until(async () => (await store().devices.device(id))?.authcode, 'the hello');
   expect((await user.post('/0/devices/', { form: { auth: ta.agent.identity.authcode } })).status).toBe(201);
   await setMode(ta, 'connected');
   return { ta, id, stateDir, slots, flags };
@@ -83,15 +83,15 @@ async function newGateway(extra: (slots: string) => Record<string, unknown> = ()
 async function setMode(ta: TestAgent, mode: string): Promise<void> {
   const id = ta.agent.identity.deviceId;
   await ta.agent.vars.set('d', 'mode', Buffer.from(mode));
-  await until(() => {
-    const v = store().devices.getVar(id, 'd', 'mode');
+  await until(async () => {
+    const v = await store().devices.getVar(id, 'd', 'mode');
     return v?.value?.toString('utf8') === mode && v.acked > 0;
   }, `d mode ${mode} on the bridge`);
 }
 
 async function stopGateway(g: Gateway): Promise<void> {
   await g.ta.stop();
-  await until(() => metaOf(store(), g.id, 'state') === 'disconnected', 'the gateway disconnected');
+  await until(async () => (await metaOf(store(), g.id, 'state')) === 'disconnected', 'the gateway disconnected');
 }
 
 /** Stops the gateway's agent and starts it again on the same state directory, with new flags if given. */
@@ -111,15 +111,18 @@ async function dropGateway(g: Gateway | undefined): Promise<void> {
 const startUpdate = (g: Gateway, name: string) => user.post(`/0/devices/${g.id}/fw/${name}`);
 
 /** The `fwstate` values the bridge recorded for the gateway from index `from` on. */
-const statesSince = (g: Gateway, from: number) => fwStates(store(), g.id).slice(from);
+const statesSince = async (g: Gateway, from: number) => (await fwStates(store(), g.id)).slice(from);
 
 /** Runs an update to the final state the gateway reports; returns the states it reported on the way. */
 async function update(g: Gateway, name: string, final: string): Promise<string[]> {
-  const before = fwStates(store(), g.id).length;
+  const before = (await fwStates(store(), g.id)).length;
   const r = await startUpdate(g, name);
   expect([r.status, r.body]).toEqual([200, 'device-ok']);
-  await until(() => statesSince(g, before).includes(final) && store().fwJobs.openOf(g.id) === undefined, final);
-  return statesSince(g, before);
+  await until(
+    async () => (await statesSince(g, before)).includes(final) && (await store().fwJobs.openOf(g.id)) === undefined,
+    final,
+  );
+  return await statesSince(g, before);
 }
 
 function link(slots: string, name: 'current' | 'previous'): string | undefined {
@@ -249,7 +252,7 @@ describe('an update through REST with a real agent (main gateway)', () => {
   it('installs an image named with slashes into the other slot, commits it after the health check, and says so', async () => {
     expect(link(g.slots, 'current')).toBeUndefined();
     await update(g, NAME, 'done');
-    expect(fwStates(store(), g.id)).toEqual(['idle', ...FULL_RUN]);
+    expect(await fwStates(store(), g.id)).toEqual(['idle', ...FULL_RUN]);
 
     // The new slot is active; the old one is untouched and recorded as `previous`.
     expect(link(g.slots, 'current')).toBe('b');
@@ -258,9 +261,9 @@ describe('an update through REST with a real agent (main gateway)', () => {
     expect(readFileSync(join(g.slots, 'a', 'old.txt'), 'utf8')).toBe('the image that ran before');
     expect(g.ta.sink.events('fw.healthy')).toHaveLength(1);
 
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('4');
-    expect(metaOf(store(), g.id, 'fwprogress')).toBe('100');
-    expect(metaOf(store(), g.id, 'fwname')).toBe(NAME);
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('4');
+    expect(await metaOf(store(), g.id, 'fwprogress')).toBe('100');
+    expect(await metaOf(store(), g.id, 'fwname')).toBe(NAME);
     const dev = await user.get(`/0/devices/${g.id}`);
     expect(dev.status).toBe(200);
     const meta = (JSON.parse(dev.body) as { meta: Record<string, { value: string }> }).meta;
@@ -282,9 +285,9 @@ describe('an update through REST with a real agent (main gateway)', () => {
   it('reports the new version in the hello after a restart', async () => {
     await stopGateway(g);
     // Overwritten while the agent is away, so only its next hello can bring the version back.
-    await store().write(() => store().devices.setMeta(g.id, 'fwversion', 'stale', Date.now(), 'server'));
+    await store().write((tx) => tx.devices.setMeta(g.id, 'fwversion', 'stale', Date.now(), 'server'));
     g.ta = await startGateway(g.stateDir, g.flags);
-    await until(() => metaOf(store(), g.id, 'fwversion') === '4', 'fwversion 4 from the hello');
+    await until(async () => (await metaOf(store(), g.id, 'fwversion')) === '4', 'fwversion 4 from the hello');
     expect(g.ta.agent.status().fwVersion).toBe('4');
     expect(link(g.slots, 'current')).toBe('b');
   });
@@ -304,7 +307,7 @@ describe('an update through REST with a real agent (main gateway)', () => {
     // The slot it replaced still holds the previous image, ready for a rollback.
     expect(readFileSync(join(g.slots, 'b', 'app.txt'), 'utf8')).toBe('v4');
     expect(existsSync(join(g.slots, 'a', 'old.txt'))).toBe(false);
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('5');
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('5');
 
     // An image without app.txt: the running slot has one, so only a check of the new slot can fail.
     const name6 = 'acme/gw/rootfs-6-broken';
@@ -317,8 +320,8 @@ describe('an update through REST with a real agent (main gateway)', () => {
     expect(await update(g, name6, 'rolledback')).toEqual([...FULL_RUN.slice(0, -1), 'rollingback', 'rolledback']);
     expect(link(g.slots, 'current')).toBe('a');
     expect(readFileSync(join(g.slots, 'a', 'app.txt'), 'utf8')).toBe('v5');
-    expect(metaOf(store(), g.id, 'fwerror')).toMatch(/health check/);
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('5');
+    expect(await metaOf(store(), g.id, 'fwerror')).toMatch(/health check/);
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('5');
   });
 
   it('refuses an image for another platform without sending anything', async () => {
@@ -329,15 +332,15 @@ describe('an update through REST with a real agent (main gateway)', () => {
       { name, version: 1, platform: 'linux-arm64' },
       keys,
     );
-    const before = { states: fwStates(store(), g.id), job: lastJobId(g), slots: slotSnapshot(g.slots) };
+    const before = { states: await fwStates(store(), g.id), job: lastJobId(g), slots: slotSnapshot(g.slots) };
     const r = await startUpdate(g, name);
     expect([r.status, r.body]).toEqual([400, 'device-fwup-start-fail']);
     expect(live.sink.events('fw.start_refused').at(-1)).toMatchObject({ deviceId: g.id, reason: 'platform' });
     // Refused before a job exists: no job on the bridge, none on down/fw.
-    expect(store().fwJobs.openOf(g.id)).toBeUndefined();
+    expect(await store().fwJobs.openOf(g.id)).toBeUndefined();
     expect(live.sink.events('fw.started').filter((e) => e.name === name)).toEqual([]);
-    expect(fwStates(store(), g.id)).toEqual(before.states);
-    expect(metaOf(store(), g.id, 'fwstate')).toBe('rolledback');
+    expect(await fwStates(store(), g.id)).toEqual(before.states);
+    expect(await metaOf(store(), g.id, 'fwstate')).toBe('rolledback');
     expect(lastJobId(g)).toBe(before.job);
     expect(slotSnapshot(g.slots)).toEqual(before.slots);
   });
@@ -354,13 +357,13 @@ describe('an update through REST with a real agent (main gateway)', () => {
     const r2 = await startUpdate(g, name);
     expect([r2.status, r2.body]).toEqual([400, 'device-fwup-start-fail']);
     expect(live.sink.events('fw.start_refused').at(-1)).toMatchObject({ deviceId: g.id, reason: 'not-connected' });
-    expect(store().fwJobs.openOf(g.id)).toBeUndefined();
+    expect(await store().fwJobs.openOf(g.id)).toBeUndefined();
     g.ta = await startGateway(g.stateDir, g.flags);
-    expect(metaOf(store(), g.id, 'fwstate')).toBe('rolledback');
+    expect(await metaOf(store(), g.id, 'fwstate')).toBe('rolledback');
   });
 
   it('refuses image names with .. in them (plain or encoded) and unknown names', async () => {
-    const before = { states: fwStates(store(), g.id), job: lastJobId(g) };
+    const before = { states: await fwStates(store(), g.id), job: lastJobId(g) };
     // Each would name the catalog's acme/gw/rootfs-4 if the `..` were resolved.
     for (const path of [
       `/0/devices/${g.id}/fw/acme/x/../gw/rootfs-4`,
@@ -373,13 +376,13 @@ describe('an update through REST with a real agent (main gateway)', () => {
       expect([path, await rawPost(path)]).toEqual([path, { status: 400, body: 'device-fwup-name-fail' }]);
     }
     expect((await startUpdate(g, 'acme/gw/unknown')).body).toBe('device-fwup-name-fail');
-    expect(store().fwJobs.openOf(g.id)).toBeUndefined();
-    expect(fwStates(store(), g.id)).toEqual(before.states);
+    expect(await store().fwJobs.openOf(g.id)).toBeUndefined();
+    expect(await fwStates(store(), g.id)).toEqual(before.states);
     expect(lastJobId(g)).toBe(before.job);
     // The same connection and session start the real name: the refusals above were about the names.
     const ok = await rawPost(`/0/devices/${g.id}/fw/acme/gw/rootfs-4`);
     expect(ok).toEqual({ status: 200, body: 'device-ok' });
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'done', 'the update to acme/gw/rootfs-4');
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'done', 'the update to acme/gw/rootfs-4');
   });
 });
 
@@ -407,8 +410,8 @@ describe('verification failures (verify gateway)', () => {
     expect(await update(g, name, 'failed')).toEqual(['downloading', 'verifying', 'failed']);
     expect(slotSnapshot(g.slots)).toEqual(slots);
     expect(link(g.slots, 'current')).toBeUndefined();
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('0');
-    return metaOf(store(), g.id, 'fwerror') ?? '';
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('0');
+    return (await metaOf(store(), g.id, 'fwerror')) ?? '';
   }
 
   it('fails an image whose bytes do not match the signed sha256', async () => {
@@ -436,7 +439,7 @@ describe('verification failures (verify gateway)', () => {
     const file = buildImage({ name: otherVersion, version: 3, files: { 'app.txt': 'y' } });
     const { size, sha256 } = await importImage(store().firmware.imageDir, file);
     const identity = { name: otherVersion, platform: 'linux-x64', version: 3, size, sha256 };
-    store().firmware.add({
+    await store().firmware.add({
       ...identity,
       from: ['linux-x64'],
       toPlatform: 'linux-x64',
@@ -464,7 +467,7 @@ describe('verification failures (verify gateway)', () => {
     expect(await update(g, rotated, 'done')).toEqual(FULL_RUN);
     expect(link(g.slots, 'current')).toBe('b');
     expect(readFileSync(join(g.slots, 'b', 'app.txt'), 'utf8')).toBe('rotated');
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('5');
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('5');
     expect(g.ta.sink.events('fw.verified').at(-1)).toMatchObject({ key: keys2.publicFile });
   });
 });
@@ -505,9 +508,9 @@ describe('an update held in committing, and fw status, commit, rollback (held ga
   });
 
   it('refuses a second update and a cancel while one is committing; fw status shows the job; the update completes', async () => {
-    const before = fwStates(store(), g.id).length;
+    const before = (await fwStates(store(), g.id)).length;
     expect((await startUpdate(g, names[0]!)).body).toBe('device-ok');
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'committing', 'committing');
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'committing', 'committing');
     const job = lastJobId(g);
 
     const second = await startUpdate(g, names[1]!);
@@ -528,38 +531,38 @@ describe('an update held in committing, and fw status, commit, rollback (held ga
     expect(plain.out).toContain(names[0]);
 
     release();
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'done', 'done');
-    expect(statesSince(g, before)).toEqual(FULL_RUN);
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'done', 'done');
+    expect(await statesSince(g, before)).toEqual(FULL_RUN);
     expect(lastJobId(g)).toBe(job);
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('1');
-    expect(store().fwJobs.openOf(g.id)).toBeUndefined();
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('1');
+    expect(await store().fwJobs.openOf(g.id)).toBeUndefined();
     // Nothing runs now: a cancel has nothing to act on.
     expect((await user.request('DELETE', `/0/devices/${g.id}/fw`)).body).toBe('firmware-fail');
   });
 
   it('fw commit accepts a held update at once; fw rollback returns to the slot before; a second rollback is refused', async () => {
     hold();
-    const before = fwStates(store(), g.id).length;
+    const before = (await fwStates(store(), g.id)).length;
     expect((await startUpdate(g, names[1]!)).body).toBe('device-ok');
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'committing', 'committing');
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'committing', 'committing');
 
     const commit = await fwCli(g, 'commit', '--json');
     expect(commit.code).toBe(0);
     expect(status(commit.out)).toMatchObject({ state: 'done', version: '2', activeSlot: 'a' });
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'done', 'done');
-    expect(statesSince(g, before)).toEqual(FULL_RUN);
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('2');
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'done', 'done');
+    expect(await statesSince(g, before)).toEqual(FULL_RUN);
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('2');
     expect(g.ta.sink.events('fw.healthy')).toHaveLength(1);
 
     const rollback = await fwCli(g, 'rollback', '--json');
     expect(rollback.code).toBe(0);
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'rolledback', 'rolledback');
-    expect(statesSince(g, before)).toEqual([...FULL_RUN, 'rollingback', 'rolledback']);
+    await until(async () => (await metaOf(store(), g.id, 'fwstate')) === 'rolledback', 'rolledback');
+    expect(await statesSince(g, before)).toEqual([...FULL_RUN, 'rollingback', 'rolledback']);
     expect(link(g.slots, 'current')).toBe('b');
     expect(readFileSync(join(g.slots, 'b', 'app.txt'), 'utf8')).toBe('held 1');
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('1');
-    expect(metaOf(store(), g.id, 'fwerror')).toMatch(/by hand/);
-    expect(metaOf(store(), g.id, 'fwerrorcode')).toBe('by-hand');
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('1');
+    expect(await metaOf(store(), g.id, 'fwerror')).toMatch(/by hand/);
+    expect(await metaOf(store(), g.id, 'fwerrorcode')).toBe('by-hand');
     const after = status((await fwCli(g, 'status', '--json')).out);
     expect(after).toMatchObject({ state: 'rolledback', version: '1', activeSlot: 'b' });
     expect(after.job).toMatchObject({ error: expect.stringMatching(/by hand/), errorCode: 'by-hand' });
@@ -582,7 +585,7 @@ describe('an update held in committing, and fw status, commit, rollback (held ga
     release();
     expect(await update(g, names[2]!, 'done')).toEqual(FULL_RUN);
     expect(link(g.slots, 'current')).toBe('a');
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('3');
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('3');
 
     await stopGateway(g);
     const r = await fwCli(g, 'rollback', '--json');
@@ -592,11 +595,14 @@ describe('an update held in committing, and fw status, commit, rollback (held ga
     expect(link(g.slots, 'current')).toBe('b');
     expect(readFileSync(join(g.slots, 'b', 'app.txt'), 'utf8')).toBe('held 1');
     // The bridge has not heard of it yet.
-    expect(metaOf(store(), g.id, 'fwstate')).toBe('done');
+    expect(await metaOf(store(), g.id, 'fwstate')).toBe('done');
 
     g.ta = await startGateway(g.stateDir, g.flags);
-    await until(() => metaOf(store(), g.id, 'fwstate') === 'rolledback', 'rolledback from the restarted agent');
-    expect(metaOf(store(), g.id, 'fwversion')).toBe('1');
+    await until(
+      async () => (await metaOf(store(), g.id, 'fwstate')) === 'rolledback',
+      'rolledback from the restarted agent',
+    );
+    expect(await metaOf(store(), g.id, 'fwversion')).toBe('1');
     expect(link(g.slots, 'current')).toBe('b');
   });
 });

@@ -93,7 +93,7 @@ describe('GET /healthz', () => {
   it('answers 503 once the database fails, and logs it once', async () => {
     test = await startTestBridge({ transport: 'http' });
     expect((await health(test.url!)).status).toBe(200);
-    test.store.close();
+    await test.store.close();
     for (let i = 0; i < 2; i++) {
       const h = await health(test.url!);
       expect(h.status).toBe(503);
@@ -171,7 +171,7 @@ describe('GET /metrics', () => {
   it('counts requests, MQTT messages, devices, commands and firmware jobs, with the process figures', async () => {
     const store = live.bridge.store;
     const agentId = agent.agent.identity.deviceId;
-    await until(() => store.devices.connectedIds().includes(agentId), 'the agent connected');
+    await until(async () => (await store.devices.connectedIds()).includes(agentId), 'the agent connected');
     await until(
       async () =>
         (await scrape(live.url)).get(key('devcloud_mqtt_messages_received_total', { topic: 'up/hello' })) === 1,
@@ -185,8 +185,8 @@ describe('GET /metrics', () => {
     await device.publishAsync(topicFor(deviceId, 'up/vars'), Buffer.from('{"not":"a vars message"'), { qos: 1 });
     // A queued command and an open firmware job, as the API would leave them.
     const now = Date.now();
-    await store.write(() => {
-      store.commands.add({
+    await store.write(async (tx) => {
+      await tx.commands.add({
         id: randomUUID(),
         deviceId: agentId,
         userId: null,
@@ -195,7 +195,7 @@ describe('GET /metrics', () => {
         createdAt: now,
         expiresAt: now + 60_000,
       });
-      store.fwJobs.add({
+      await tx.fwJobs.add({
         id: randomUUID(),
         deviceId: agentId,
         name: 'gw',
@@ -255,7 +255,10 @@ describe('GET /metrics', () => {
     for (let i = 0; i < 100; i++) {
       await device.publishAsync(topicFor(deviceId, 'up/vars'), upVars(`big${i % 10}`, `${i}${value}`), { qos: 1 });
     }
-    await until(() => store.devices.history(deviceId, 'd', 'big9', 100).length === 10, 'the changes stored');
+    await until(
+      async () => (await store.devices.history(deviceId, 'd', 'big9', 100)).length === 10,
+      'the changes stored',
+    );
     const after = await scrape(live.url);
     const bytes1 = after.get('devcloud_bridge_database_bytes')!;
     expect(bytes1 - bytes0).toBeGreaterThan(3 * 1024 * 1024);
@@ -273,7 +276,7 @@ describe('GET /metrics', () => {
     // This bridge keeps 4 entries a variable: a pass of the retention removes 6 of each, and leaves free pages.
     const pass = await live.bridge.devices.retention.pass();
     expect(pass.byCount).toBeGreaterThanOrEqual(60);
-    for (let k = 0; k < 10; k++) expect(store.devices.history(deviceId, 'd', `big${k}`, 100)).toHaveLength(4);
+    for (let k = 0; k < 10; k++) expect(await store.devices.history(deviceId, 'd', `big${k}`, 100)).toHaveLength(4);
     const last = await scrape(live.url);
     expect(last.get(key('devcloud_history_pruned_total', { limit: 'count' }))).toBe(pass.byCount);
     expect(last.get(key('devcloud_history_pruned_total', { limit: 'age' }))).toBe(0);
@@ -444,7 +447,7 @@ describe('access to /metrics', () => {
     }
   });
 
-  it('refuses to start with an empty or missing token file', () => {
+  it('refuses to start with an empty or missing token file', async () => {
     const dataDir = tempDir('devcloud-metrics-');
     dirs.push(dataDir);
     const log = createLogger({ level: 'silent', pretty: 'never', base: {}, destination: new LogSink() });
@@ -462,7 +465,7 @@ describe('access to /metrics', () => {
         void mailer.close();
       }
     } finally {
-      store.close();
+      await store.close();
     }
   });
 });

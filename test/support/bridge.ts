@@ -261,7 +261,7 @@ export interface TestBridge {
   /** A new client with an empty cookie jar over the bridge's transport. */
   client(): HttpClient;
   /** Adds a frontend with the given product configuration. */
-  addFrontend(config?: Partial<ProductConfig>): Frontend;
+  addFrontend(config?: Partial<ProductConfig>): Promise<Frontend>;
   close(): Promise<void>;
 }
 
@@ -288,7 +288,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
   const store = opts.openStore?.(dataDir) ?? new SqliteStore(dataDir);
-  const defaultFrontend = ensureDefaultFrontend(store, clock.now());
+  const defaultFrontend = await ensureDefaultFrontend(store, clock.now());
   const hasher = opts.hasher ?? hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, clock.now);
   const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
@@ -322,7 +322,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
     transport,
     url,
     client: () => new HttpClient(send),
-    addFrontend(product = {}) {
+    async addFrontend(product = {}) {
       const f: Frontend = {
         id: randomUUID(),
         name: 'test',
@@ -330,14 +330,14 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
         isDefault: false,
         createdAt: clock.now(),
       };
-      store.createFrontend(f);
+      await store.createFrontend(f);
       return f;
     },
     async close() {
       await app.close();
       await devices.close();
       await mailer.close();
-      store.close();
+      await store.close();
       rmSync(dataDir, { recursive: true, force: true });
       // A test that never looked at the status of an undocumented answer still fails.
       const undocumented = sink.events('http.undocumented_answer');
@@ -404,7 +404,7 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
     // Every answer is held to the API document, as in the app-level harness above.
     bridge = await Bridge.start({ config, store, log, now: Date.now, checkAnswers: true });
   } catch (err) {
-    store.close();
+    await store.close();
     throw err;
   }
   const send = fetchSend(bridge.url);
@@ -420,7 +420,7 @@ export async function startLiveBridge(opts: { config?: ConfigOverrides; dataDir?
       try {
         await bridge.stop();
       } finally {
-        store.close();
+        await store.close();
       }
       if (remove) rmSync(dataDir, { recursive: true, force: true });
       // A test that never looked at the status of an undocumented answer still fails.

@@ -80,7 +80,7 @@ export async function addToCatalog(
     size: copied.size,
     sha256: entry.sha256 ?? copied.sha256,
   };
-  const r = store.firmware.add({
+  const r = await store.firmware.add({
     ...identity,
     from: entry.from ?? [platform],
     toPlatform: platform,
@@ -95,14 +95,13 @@ export async function addToCatalog(
  * The `fwstate` values the bridge recorded for a device, oldest first (the bridge keeps `meta` history and adds
  * nothing for an unchanged value, so repeats in a row appear once).
  */
-export function fwStates(store: SqliteStore, deviceId: string): string[] {
-  return store.devices
-    .history(deviceId, 'meta', 'fwstate', 1000)
+export async function fwStates(store: SqliteStore, deviceId: string): Promise<string[]> {
+  return (await store.devices.history(deviceId, 'meta', 'fwstate', 1000))
     .reverse()
     .map((e) => e.value?.toString('utf8') ?? '(deleted)');
 }
 
 /** A `meta` variable of a device as the bridge holds it. */
-export function metaOf(store: SqliteStore, deviceId: string, name: string): string | undefined {
-  return store.devices.getVar(deviceId, 'meta', name)?.value?.toString('utf8');
+export async function metaOf(store: SqliteStore, deviceId: string, name: string): Promise<string | undefined> {
+  return (await store.devices.getVar(deviceId, 'meta', name))?.value?.toString('utf8');
 }

@@ -69,7 +69,7 @@ export interface FirmwareWorld {
   /** The `down/fw` messages sent to a device, oldest first. */
   fwSent(deviceId: string): FwMessage[];
   lastStart(deviceId: string): FwStart;
-  openJob(deviceId: string): FirmwareJob | undefined;
+  openJob(deviceId: string): Promise<FirmwareJob | undefined>;
   /** Past the token lifetime of every job started so far. */
   expireTokens(): void;
   close(): Promise<void>;
@@ -113,7 +113,7 @@ export async function startFirmwareWorld(main: TestBridge): Promise<FirmwareWorl
     expect((await c.post('/0/session/signup', { form: { login, password: 'correct horse battery' } })).status).toBe(
       201,
     );
-    return { sid: c.sid!, id: store.userByLogin(main.defaultFrontend.id, login)!.id };
+    return { sid: c.sid!, id: (await store.userByLogin(main.defaultFrontend.id, login))!.id };
   };
   const owner = await user();
   const stranger = await user();
@@ -136,7 +136,7 @@ export async function startFirmwareWorld(main: TestBridge): Promise<FirmwareWorl
     [ARM, 'linux-arm64'],
   ] as const) {
     const identity = { name, platform, version: 7, size: imported.size, sha256: imported.sha256 };
-    store.firmware.add({
+    await store.firmware.add({
       ...identity,
       from: [platform],
       // Another platform afterwards: the one the image is built for is what its signature covers.
