@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { HttpClient } from '../support/bridge.js';
-import { type BridgeProcess, httpClientFor, spawnBridge } from '../support/bridge-process.js';
+import { type BridgeProcess, fetchSend, spawnBridge } from '../support/bridge-process.js';
 import { type TestBroker, freePort, startMosquitto } from '../support/brokers.js';
 import { missingPostgres, usePostgres } from '../support/postgres.js';
 import { missing } from '../support/system.js';
@@ -71,8 +71,8 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
   /** One cookie jar whose requests go to whichever bridge `to` names at the time. */
   function roaming(bridges: BridgeProcess[]) {
     const state = { to: 0 };
-    const clients = bridges.map((b) => httpClientFor(b.url));
-    const http = new HttpClient((req) => (clients[state.to] as unknown as { send: HttpClient['send'] }).send(req));
+    const sends = bridges.map((b) => fetchSend(b.url));
+    const http = new HttpClient((req) => sends[state.to]!(req));
     return { http, state };
   }
 
@@ -106,7 +106,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     // A change through bridge 1 reaches the device, whose acknowledgement any bridge may handle; all show it.
     state.to = 1;
     expect((await http.post(`/0/devices/${id}/d/colour`, { form: { value: 'teal' } })).status).toBe(200);
-    await until(() => agent.agent.vars.get('colour')?.value?.toString() === 'teal', 'the device took the change');
+    await until(() => agent.agent.vars.get('d', 'colour')?.value?.toString() === 'teal', 'the device took the change');
     for (const to of [0, 1, 2]) {
       state.to = to;
       const v = await until(async () => {
@@ -135,8 +135,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     const id = await signupAndClaim(http, agent);
     const clients = bridges.map((b) => b.client());
     // Each client needs the session: the same cookie, on each bridge.
-    const cookie = (http as unknown as { jar: Map<string, string> }).jar;
-    for (const c of clients) for (const [k, v] of cookie) (c as unknown as { jar: Map<string, string> }).jar.set(k, v);
+    for (const c of clients) for (const [k, v] of http.jar) c.jar.set(k, v);
 
     const answered = new Map<string, string>();
     const names = ['a', 'b', 'c', 'd'];
@@ -173,7 +172,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
           return v && v.value === last && v.acked >= v.time;
         }, `${name} = ${last}, acknowledged, on bridge ${to}`);
       }
-      await until(() => agent.agent.vars.get(name)?.value?.toString() === last, `${name} on the device`);
+      await until(() => agent.agent.vars.get('d', name)?.value?.toString() === last, `${name} on the device`);
     }
   });
 });

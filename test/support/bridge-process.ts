@@ -35,7 +35,12 @@ export interface BridgeProcess {
 
 /** An HTTP client over `fetch` for a bridge at `base`. */
 export function httpClientFor(base: string): HttpClient {
-  return new HttpClient(async (req) => {
+  return new HttpClient(fetchSend(base));
+}
+
+/** Sends a request to the bridge at `base` over `fetch`. */
+export function fetchSend(base: string): ConstructorParameters<typeof HttpClient>[0] {
+  return async (req) => {
     const res = await fetch(new URL(req.path, base), {
       method: req.method,
       headers: req.headers,
@@ -48,7 +53,7 @@ export function httpClientFor(base: string): HttpClient {
       contentType: res.headers.get('content-type') ?? '',
       setCookies: res.headers.getSetCookie(),
     };
-  });
+  };
 }
 
 /** Starts the bridge on the given ports; resolves once it logged `bridge.started`. */
