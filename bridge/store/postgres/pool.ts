@@ -13,6 +13,8 @@ export interface PostgresOptions {
   /** Connections the pool opens at most (`database.poolSize`). */
   poolSize?: number;
   connectTimeoutMs?: number;
+  /** How column values are read; the store's pool reads BIGINT as numbers (store/postgres/conn.ts). */
+  types?: pg.CustomTypesConfig;
 }
 
 /**
@@ -27,6 +29,7 @@ export async function openPostgres(url: string, log: Logger, options: PostgresOp
     max: poolSize,
     connectionTimeoutMillis: options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
     application_name: 'devcloud-bridge',
+    ...(options.types && { types: options.types }),
   });
   pool.on('error', (err) => log.warn({ event: 'postgres.connection_failed', url: safeUrl(url), err: err.message }));
   let serverVersion: string | undefined;
