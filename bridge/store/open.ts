@@ -15,7 +15,11 @@ export interface OpenStoreOptions {
   now?: () => number;
 }
 
-export async function openStore(config: BridgeConfig, log: Logger, options: OpenStoreOptions = {}): Promise<BridgeStore> {
+export async function openStore(
+  config: BridgeConfig,
+  log: Logger,
+  options: OpenStoreOptions = {},
+): Promise<BridgeStore> {
   const url = config.database.url;
   if (url === undefined) {
     return new SqliteStore(config.dataDir, log, { backgroundCheckpoints: options.backgroundCheckpoints ?? false });

@@ -131,7 +131,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
 
   it('kill -9 of one bridge during traffic loses no answered write, and the device keeps syncing', async () => {
     const { bridges, agent } = await fleet(3);
-    const { http, state } = roaming(bridges);
+    const { http } = roaming(bridges);
     const id = await signupAndClaim(http, agent);
     const clients = bridges.map((b) => b.client());
     // Each client needs the session: the same cookie, on each bridge.
