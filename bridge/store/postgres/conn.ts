@@ -161,6 +161,16 @@ export async function transaction<T>(
   durable: boolean,
 ): Promise<T> {
   const client = await pool.connect();
+  // A checked-out client whose connection breaks emits `error`; the pool listens only while it is idle.
+  let broken: Error | undefined;
+  const onError = (err: Error) => {
+    broken ??= err;
+  };
+  client.on('error', onError);
+  const release = () => {
+    client.removeListener('error', onError);
+    client.release(broken);
+  };
   const conn = new TxConn(client, watch);
   let value: T;
   try {
@@ -170,17 +180,16 @@ export async function transaction<T>(
     await conn.query('COMMIT');
   } catch (err) {
     conn.end();
-    let broken: Error | undefined;
     try {
       await client.query('ROLLBACK');
     } catch (rollbackErr) {
-      broken = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+      broken ??= rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
     }
-    client.release(broken);
+    release();
     throw watch.classify(err);
   }
   conn.end();
-  client.release();
+  release();
   if (conn.wrote) watch.wrote();
   for (const fn of conn.committed) fn();
   return value;
