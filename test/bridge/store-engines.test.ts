@@ -7,7 +7,7 @@
  */
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { NewBridgeCommand } from '../../bridge/commands/store.js';
 import type { NewVersion, VarKey, VarType } from '../../bridge/devices/store.js';
 import type { FirmwareImage } from '../../bridge/firmware/catalog.js';
@@ -985,6 +985,25 @@ describe.skipIf(await missingPostgres())('the bridge store on PostgreSQL', () =>
       expect(await b.sessionWithUser('s1')).toBeUndefined();
     });
 
+    it('a frontend another bridge made or changed is seen within a second', async () => {
+      vi.useFakeTimers({ toFake: ['performance'] });
+      try {
+        expect(await a.frontend('f1')).toBeUndefined();
+        expect(await a.defaultFrontend()).toBeUndefined();
+        await b.createFrontend(frontendOf('f1', true));
+        expect((await b.frontend('f1'))?.id).toBe('f1');
+        expect((await a.frontends()).map((f) => f.id)).toEqual(['f1']);
+        vi.advanceTimersByTime(1001);
+        expect((await a.frontend('f1'))?.id).toBe('f1');
+        expect((await a.defaultFrontend())?.id).toBe('f1');
+        await b.setFrontendConfig('f1', ProductConfig.parse({ nearby: false }));
+        vi.advanceTimersByTime(1001);
+        expect((await a.frontend('f1'))?.config.nearby).toBe(false);
+      } finally {
+        vi.useRealTimers();
+      }
+    });
+
     it('two versions of one new variable applied at once: both succeed, the newer stays', async () => {
       await a.devices.touch(dev(1), T);
       // The newer one first, held uncommitted until the other is waiting for it.
@@ -1075,6 +1094,34 @@ describe.skipIf(await missingPostgres())('the bridge store on PostgreSQL', () =>
   });
 
   describe('failures', () => {
+    it('durable: false turns synchronous_commit off for its own transaction only', async () => {
+      const store = await open();
+      try {
+        // What each insert into sessions ran with, noted by a trigger.
+        await db.pool.query(`
+          CREATE TABLE seen (id_hash TEXT, sync TEXT);
+          CREATE FUNCTION note_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN INSERT INTO seen VALUES (NEW.id_hash, current_setting('synchronous_commit')); RETURN NEW; END $$;
+          CREATE TRIGGER note_sync BEFORE INSERT ON sessions FOR EACH ROW EXECUTE FUNCTION note_sync();`);
+        const session = (idHash: string) => ({ idHash, frontendId: 'f1', userId: null, createdAt: T, lastSeenAt: T });
+        await store.write((tx) => tx.createSession(session('relaxed')), { durable: false });
+        await store.write((tx) => tx.createSession(session('durable')));
+        await store.createSession(session('alone'));
+        await store.write((tx) => tx.createSession(session('relaxed-2')), { durable: false });
+        await store.write((tx) => tx.createSession(session('durable-2')), { durable: true });
+        const seen = await db.pool.query<{ id_hash: string; sync: string }>('SELECT id_hash, sync FROM seen');
+        expect(Object.fromEntries(seen.rows.map((r) => [r.id_hash, r.sync]))).toEqual({
+          relaxed: 'off',
+          durable: 'on',
+          alone: 'on',
+          'relaxed-2': 'off',
+          'durable-2': 'on',
+        });
+      } finally {
+        await store.close();
+      }
+    });
+
     it('a full disk rejects writes with StorageFullError until one works again', async () => {
       const { sink, log } = logger();
       let clock = T;
