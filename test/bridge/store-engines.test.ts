@@ -7,6 +7,7 @@
  */
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { inspect } from 'node:util';
 import { afterAll, afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { NewBridgeCommand } from '../../bridge/commands/store.js';
 import type { NewVersion, VarKey, VarType } from '../../bridge/devices/store.js';
@@ -160,6 +161,21 @@ function behaviour(open: () => Promise<BridgeStore>) {
       await s.createFrontend(frontendOf('f2', false));
       const other = await s.createUser({ frontendId: 'f2', login: 'ann', passwordHash: 'x', authcode: 'z', now: T });
       expect(other?.id).not.toBe(u.id);
+    });
+
+    it('a refused write names no value it held: an authcode taken, a token of no kind', async () => {
+      await seedUser('ann', 'authcode-of-ann-0123');
+      const taken = await s
+        .createUser({ frontendId: 'f1', login: 'bob', passwordHash: 'h', authcode: 'authcode-of-ann-0123', now: T })
+        .catch((e: unknown) => e);
+      expect(taken).toBeInstanceOf(Error);
+      expect(inspect(taken, { depth: 5 })).not.toContain('authcode-of-ann-0123');
+      const ann = (await s.userByLogin('f1', 'ann'))!;
+      const badKind = await s
+        .createToken({ hash: 'token-hash-4567', kind: 'bogus' as 'confirm', userId: ann.id, expiresAt: T })
+        .catch((e: unknown) => e);
+      expect(badKind).toBeInstanceOf(Error);
+      expect(inspect(badKind, { depth: 5 })).not.toContain('token-hash-4567');
     });
 
     it('are found by login, id and authcode (the previous one too), and updated', async () => {
