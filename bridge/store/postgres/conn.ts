@@ -61,6 +61,19 @@ export class StorageWatch {
   }
 }
 
+/**
+ * Takes the values out of an error the server gave: a violated key's detail names its values (`Key (authcode)=(…)
+ * already exists`) and a violated check shows the whole row (a password hash among them), which must not reach a
+ * log or an answer. The names of the columns stay.
+ */
+export function withoutValues(err: unknown): unknown {
+  const e = err as { detail?: unknown } | null;
+  if (typeof e?.detail !== 'string') return err;
+  if (e.detail.startsWith('Failing row contains')) e.detail = 'Failing row contains (values not shown).';
+  else e.detail = e.detail.replace(/^(Key \([^)]*\))=\(.*\)/s, '$1=(…)');
+  return err;
+}
+
 /** Whether a statement changed rows (a write that reached the disk, as far as the store can tell). */
 const changedRows = (r: pg.QueryResult): boolean =>
   (r.command === 'INSERT' || r.command === 'UPDATE' || r.command === 'DELETE') && (r.rowCount ?? 0) > 0;
@@ -94,7 +107,7 @@ export class PoolConn implements Conn {
     try {
       r = await this.pool.query<R>(text, values as unknown[] | undefined);
     } catch (err) {
-      throw this.watch.classify(err);
+      throw this.watch.classify(withoutValues(err));
     }
     if (changedRows(r)) this.watch.wrote();
     return r;
@@ -128,7 +141,7 @@ class TxConn implements Conn {
     try {
       r = await this.client.query<R>(text, values as unknown[] | undefined);
     } catch (err) {
-      throw this.watch.classify(err);
+      throw this.watch.classify(withoutValues(err));
     }
     if (changedRows(r)) this.wrote = true;
     return r;
@@ -161,6 +174,16 @@ export async function transaction<T>(
   durable: boolean,
 ): Promise<T> {
   const client = await pool.connect();
+  // A checked-out client whose connection breaks emits `error`; the pool listens only while it is idle.
+  let broken: Error | undefined;
+  const onError = (err: Error) => {
+    broken ??= err;
+  };
+  client.on('error', onError);
+  const release = () => {
+    client.removeListener('error', onError);
+    client.release(broken);
+  };
   const conn = new TxConn(client, watch);
   let value: T;
   try {
@@ -170,17 +193,16 @@ export async function transaction<T>(
     await conn.query('COMMIT');
   } catch (err) {
     conn.end();
-    let broken: Error | undefined;
     try {
       await client.query('ROLLBACK');
     } catch (rollbackErr) {
-      broken = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+      broken ??= rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
     }
-    client.release(broken);
+    release();
     throw watch.classify(err);
   }
   conn.end();
-  client.release();
+  release();
   if (conn.wrote) watch.wrote();
   for (const fn of conn.committed) fn();
   return value;

@@ -51,6 +51,11 @@ export async function migratePostgres(pool: Pool, options: MigrateOptions = {}):
   const client = await pool.connect();
   // A connection left in an unknown state is closed rather than given back to the pool.
   let broken: Error | undefined;
+  // A checked-out client whose connection breaks emits `error`, which the pool listens to only while it is idle.
+  const onError = (err: Error) => {
+    broken ??= err;
+  };
+  client.on('error', onError);
   try {
     const got = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [MIGRATION_LOCK_KEY]);
     if (got.rows[0]?.ok !== true) {
@@ -68,6 +73,7 @@ export async function migratePostgres(pool: Pool, options: MigrateOptions = {}):
       }
     }
   } finally {
+    client.removeListener('error', onError);
     client.release(broken);
   }
 }
