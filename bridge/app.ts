@@ -4,6 +4,7 @@
  * `buildApp` makes a complete app that tests drive with `inject()` or on a real port.
  */
 import type { FastifyInstance } from 'fastify';
+import type { Pool } from 'pg';
 import type { Logger } from '../lib/log.js';
 import { createLimits } from './accounts/limits.js';
 import type { PasswordHasher } from './accounts/password.js';
@@ -43,6 +44,11 @@ export interface AppDeps {
    * (`http/checker.ts`). For tests; off by default.
    */
   checkAnswers?: boolean;
+  /**
+   * The PostgreSQL database whose `rate_limits` table the account routes count their attempts in, shared with
+   * every other bridge on it (docs/api.md, Rate limits). Without it, the limits live in this process's memory.
+   */
+  rateLimitPool?: Pool;
 }
 
 export function buildApp(deps: AppDeps): FastifyInstance {
@@ -67,7 +73,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     now,
     devices,
     commands,
-    limits: createLimits(config.rateLimits, now),
+    limits: createLimits(config.rateLimits, now, deps.rateLimitPool ? { pool: deps.rateLimitPool } : undefined),
   };
 
   const link = deps.link ?? new LinkMonitor(now);

@@ -4,11 +4,13 @@
  * recovery are limited per address and per login; hashing is bounded by its queue (`guarded`).
  */
 import type { FastifyRequest } from 'fastify';
+import type { Pool } from 'pg';
 import type { BridgeConfig } from '../config.js';
 import { ApiError } from '../errors.js';
 import { LoginField } from '../sessions/schemas.js';
 import { HasherBusyError } from './password.js';
-import { RateLimiter } from './ratelimit.js';
+import { type AttemptLimiter, RateLimiter, memoryLimiter } from './ratelimit.js';
+import { SharedRateLimiter } from './shared-ratelimit.js';
 
 /**
  * The limit on attempts at one login from all addresses together, as a multiple of `rateLimits.login.limit`
@@ -24,31 +26,37 @@ export const LOGIN_GLOBAL_FACTOR = 10;
 const PER_ADDRESS_FACTOR = 5;
 
 export interface Limits {
-  loginByAddress: RateLimiter;
+  loginByAddress: AttemptLimiter;
   /** Wrong guesses at one login from one address: the brute-force limit (docs/api.md, Rate limits). */
-  loginByLoginAndAddress: RateLimiter;
+  loginByLoginAndAddress: AttemptLimiter;
   /** All attempts at one login from anywhere: a much higher limit, against guessing from many addresses. */
-  loginByLogin: RateLimiter;
-  signupByAddress: RateLimiter;
-  resendByAddress: RateLimiter;
-  resendByLogin: RateLimiter;
-  recoverByAddress: RateLimiter;
-  recoverByLogin: RateLimiter;
+  loginByLogin: AttemptLimiter;
+  signupByAddress: AttemptLimiter;
+  resendByAddress: AttemptLimiter;
+  resendByLogin: AttemptLimiter;
+  recoverByAddress: AttemptLimiter;
+  recoverByLogin: AttemptLimiter;
 }
 
-/** The limiters of one app, on its clock. */
-export function createLimits(rl: BridgeConfig['rateLimits'], now: () => number): Limits {
-  const times = (l: { limit: number; windowMs: number }, factor: number) =>
-    new RateLimiter({ limit: l.limit * factor, windowMs: l.windowMs, now });
+/**
+ * The limiters of one app, on its clock: in this process's memory, or, with `shared`, in the PostgreSQL database
+ * that every bridge uses, so that the limits hold across bridges (docs/api.md, Rate limits). The limiters' names
+ * are their rows' names in the shared table.
+ */
+export function createLimits(rl: BridgeConfig['rateLimits'], now: () => number, shared?: { pool: Pool }): Limits {
+  const make = (name: keyof Limits, l: { limit: number; windowMs: number }, factor = 1): AttemptLimiter => {
+    const opts = { limit: l.limit * factor, windowMs: l.windowMs, now };
+    return shared ? new SharedRateLimiter({ ...opts, pool: shared.pool, name }) : memoryLimiter(new RateLimiter(opts));
+  };
   return {
-    loginByAddress: times(rl.login, PER_ADDRESS_FACTOR),
-    loginByLoginAndAddress: new RateLimiter({ ...rl.login, now }),
-    loginByLogin: times(rl.login, LOGIN_GLOBAL_FACTOR),
-    signupByAddress: new RateLimiter({ ...rl.signup, now }),
-    resendByAddress: times(rl.resend, PER_ADDRESS_FACTOR),
-    resendByLogin: new RateLimiter({ ...rl.resend, now }),
-    recoverByAddress: times(rl.recover, PER_ADDRESS_FACTOR),
-    recoverByLogin: new RateLimiter({ ...rl.recover, now }),
+    loginByAddress: make('loginByAddress', rl.login, PER_ADDRESS_FACTOR),
+    loginByLoginAndAddress: make('loginByLoginAndAddress', rl.login),
+    loginByLogin: make('loginByLogin', rl.login, LOGIN_GLOBAL_FACTOR),
+    signupByAddress: make('signupByAddress', rl.signup),
+    resendByAddress: make('resendByAddress', rl.resend, PER_ADDRESS_FACTOR),
+    resendByLogin: make('resendByLogin', rl.resend),
+    recoverByAddress: make('recoverByAddress', rl.recover, PER_ADDRESS_FACTOR),
+    recoverByLogin: make('recoverByLogin', rl.recover),
   };
 }
 
@@ -58,10 +66,10 @@ export function normaliseLogin(login: string | undefined, max: number): string |
   return r.success ? r.data : undefined;
 }
 
-/** Counts an attempt against each limiter; throws 429 when one is exhausted. */
-export function limit(pairs: Array<[RateLimiter, string]>): void {
+/** Counts an attempt against each limiter in turn; throws 429 at the first one exhausted. */
+export async function limit(pairs: Array<[AttemptLimiter, string]>): Promise<void> {
   for (const [limiter, key] of pairs) {
-    const r = limiter.take(key);
+    const r = await limiter.take(key);
     if (!r.ok) throw new ApiError('too-many-requests', r.retryAfterMs);
   }
 }

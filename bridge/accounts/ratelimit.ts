@@ -26,6 +26,18 @@ export interface RateLimitOptions {
 
 export type RateLimitResult = { ok: true; remaining: number } | { ok: false; retryAfterMs: number };
 
+/**
+ * What the account routes count their attempts with: the in-memory {@link RateLimiter} of one bridge
+ * ({@link memoryLimiter}), or the limiter shared by every bridge on one PostgreSQL database
+ * (`shared-ratelimit.ts`; docs/api.md, Rate limits).
+ */
+export interface AttemptLimiter {
+  /** Counts one attempt for `key`; `ok: false` with the milliseconds until the next attempt would be allowed. */
+  take(key: string): Promise<RateLimitResult>;
+  /** Forgets the attempts of `key`. */
+  reset(key: string): Promise<void>;
+}
+
 /** Keys up to this length are kept as given; longer ones as a fixed-size digest. */
 const MAX_PLAIN_KEY = 64;
 
@@ -139,8 +151,27 @@ export class RateLimiter {
   }
 }
 
-/** Prefixes keep a digest from ever equalling a plain key. */
-function storedKey(key: string): string {
+/** A {@link RateLimiter} behind the {@link AttemptLimiter} interface: each call answers at once. */
+export function memoryLimiter(limiter: RateLimiter): AttemptLimiter {
+  return {
+    take: (key) => Promise.resolve(limiter.take(key)),
+    reset: (key) => {
+      limiter.reset(key);
+      return Promise.resolve();
+    },
+  };
+}
+
+/**
+ * The key a limiter remembers for `key`: short keys as they are, long ones as a fixed-size digest. Prefixes keep
+ * a digest from ever equalling a plain key.
+ */
+export function storedKey(key: string): string {
   if (key.length <= MAX_PLAIN_KEY) return `=${key}`;
+  return digestKey(key);
+}
+
+/** The digest form of {@link storedKey}, for any key. */
+export function digestKey(key: string): string {
   return `#${createHash('sha256').update(key, 'utf8').digest('base64')}`;
 }

@@ -25,10 +25,10 @@ export function accountRoutes(ctx: RouteContext): Route[] {
   // new password.
   const recover = async (req: FastifyRequest): Promise<void> => {
     const form = readForm(fields(req), forms.recover);
-    limit([[limits.recoverByAddress, address(req)]]);
+    await limit([[limits.recoverByAddress, address(req)]]);
     if (!form.login.ok) throw new ApiError('recover-fail');
     const login = form.login.value;
-    limit([[limits.recoverByLogin, `${req.frontend.id} ${login}`]]);
+    await limit([[limits.recoverByLogin, `${req.frontend.id} ${login}`]]);
     const user = await store.userByLogin(req.frontend.id, login);
     if (form.token.ok && form.token.value === undefined) {
       if (!user) throw new ApiError('recover-fail');
@@ -109,11 +109,11 @@ export function accountRoutes(ctx: RouteContext): Route[] {
         429: TOO_MANY,
       },
       handler: async (req, reply) => {
-        limit([[limits.resendByAddress, address(req)]]);
+        await limit([[limits.resendByAddress, address(req)]]);
         const form = readForm(fields(req), forms.resend);
         if (!form.login.ok) throw new ApiError('resend-fail');
         const login = form.login.value;
-        limit([[limits.resendByLogin, `${req.frontend.id} ${login}`]]);
+        await limit([[limits.resendByLogin, `${req.frontend.id} ${login}`]]);
         const user = await store.userByLogin(req.frontend.id, login);
         if (!user || user.confirmed) throw new ApiError('resend-fail');
         try {

@@ -63,7 +63,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         const form = readForm(fields(req), forms.login);
-        limit([[limits.loginByAddress, address(req)]]);
+        await limit([[limits.loginByAddress, address(req)]]);
         // Decision 4: missing fields are a failed login, not a malformed request.
         if (!form.login.ok || !form.password.ok) throw new ApiError('login-fail');
         const login = form.login.value;
@@ -71,7 +71,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
         // Per login and address first: an address that has used up its guesses at this login is refused without
         // using up the login's shared allowance, which other addresses (its owner's) still need.
         const pair = `${req.frontend.id} ${login} ${address(req)}`;
-        limit([
+        await limit([
           [limits.loginByLoginAndAddress, pair],
           [limits.loginByLogin, `${req.frontend.id} ${login}`],
         ]);
@@ -84,7 +84,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
           throw new ApiError('login-fail');
         }
         // The login's shared count is not reset: a success from one address says nothing about guesses from others.
-        limits.loginByLoginAndAddress.reset(pair);
+        await limits.loginByLoginAndAddress.reset(pair);
         await startSession(req, reply, store, config, user.id, now());
         ctx.log.info({ event: 'session.login', frontend: req.frontend.id, userId: user.id });
         if (hasher.needsRehash(user.passwordHash)) {
@@ -153,7 +153,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
         503: BUSY,
       },
       handler: async (req, reply) => {
-        limit([[limits.signupByAddress, address(req)]]);
+        await limit([[limits.signupByAddress, address(req)]]);
         const form = readForm(fields(req), forms.signup);
         if (!form.login.ok) throw new ApiError('signup-fail-no-email');
         if (!form.password.ok) throw new ApiError('signup-fail');

@@ -16,6 +16,7 @@
  *
  * Migration N takes the schema from version N - 1 to N. PostgreSQL's migration 1 builds what SQLite's migrations
  * 1 to 7 build (`user_version` 7); a later schema change adds a migration to both lists. Never edit a shipped one.
+ * The one exception to "both": migration 2's `rate_limits`, state that only several bridges need.
  */
 import type { ClientBase } from 'pg';
 
@@ -178,11 +179,40 @@ const INITIAL = `
   CREATE UNIQUE INDEX fw_jobs_open ON fw_jobs (device_id) WHERE open;
 `;
 
+/**
+ * Version 2: the attempt counts of the account routes that all bridges share (bridge/accounts/shared-ratelimit.ts,
+ * docs/api.md "Rate limits"). Only PostgreSQL has it: a single SQLite bridge keeps its limits in memory. One row per
+ * limiter and key: the start of its current window, the attempts allowed in it and in the window before, and whether
+ * the last take was allowed (the statement's answer). `rate_limits_expiry` finds the rows to prune.
+ *
+ * UNLOGGED: not written to the WAL, so cheap to update on every attempt, but emptied when the server crashes (and
+ * not copied to replicas). Losing the counts then is acceptable: the limits start afresh, as they do today when a
+ * bridge restarts.
+ */
+const RATE_LIMITS = `
+  CREATE UNLOGGED TABLE rate_limits (
+    limiter      TEXT COLLATE "C" NOT NULL,
+    key          TEXT COLLATE "C" NOT NULL,
+    window_start BIGINT NOT NULL,
+    count        INTEGER NOT NULL,
+    prev_count   INTEGER NOT NULL,
+    allowed      BOOLEAN NOT NULL,
+    PRIMARY KEY (limiter, key)
+  );
+  CREATE INDEX rate_limits_expiry ON rate_limits (limiter, window_start);
+`;
+
 export const POSTGRES_MIGRATIONS: readonly PgMigration[] = [
   {
     name: 'the schema of SQLite version 7: frontends, users, sessions, devices, commands, firmware',
     up: async (client) => {
       await client.query(INITIAL);
+    },
+  },
+  {
+    name: 'rate_limits: attempt counts shared by the bridges (unlogged)',
+    up: async (client) => {
+      await client.query(RATE_LIMITS);
     },
   },
 ];
