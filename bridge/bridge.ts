@@ -336,6 +336,8 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
       commands: this.commands,
       link: this.monitor,
       checkAnswers: deps.checkAnswers === true,
+      // With several bridges on one database, the attempt limits are counted there (docs/api.md, Rate limits).
+      ...(store.pool ? { rateLimitPool: store.pool } : {}),
     });
     const deviceLimits = new DeviceRateLimiter(config.mqtt.rate, log);
     this.http = new HttpPart(this.app, config);

@@ -118,9 +118,9 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
       }
       return runBridge(config, io);
     case 'frontend':
-      return frontendCommand(config, params, json, name, io, Date.now());
+      return failsWithOneLine(io, () => frontendCommand(config, params, json, name, io, Date.now()));
     case 'firmware':
-      return firmwareCommand(config, params, { json, name, flags: fwFlags }, io);
+      return failsWithOneLine(io, () => firmwareCommand(config, params, { json, name, flags: fwFlags }, io));
     case 'device':
       return deviceCommand(config, params, { count: Number(count ?? 1), outDir: fwFlags['--out'] ?? '.' }, io);
     case 'migrate':
@@ -128,6 +128,16 @@ export async function runCli(argv: string[], io: Io = stdio, env: NodeJS.Process
     default:
       io.err(`devcloud-bridge: unknown command ${command}; run devcloud-bridge --help`);
       return 2;
+  }
+}
+
+/** A command whose unexpected failure (the database cannot be reached, say) is one line and exit 1. */
+async function failsWithOneLine(io: Io, command: () => Promise<number>): Promise<number> {
+  try {
+    return await command();
+  } catch (err) {
+    io.err(`devcloud-bridge: ${err instanceof Error ? err.message : String(err)}`);
+    return 1;
   }
 }
 

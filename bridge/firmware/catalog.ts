@@ -12,7 +12,6 @@ import { join } from 'node:path';
 import { fsyncPath } from '../../lib/fsutil.js';
 import { z } from 'zod';
 import type { Db, Migration } from '../../lib/sqlite.js';
-import type { FirmwareRepo } from '../store/types.js';
 
 export const FIRMWARE_MIGRATION: Migration = (db) => {
   db.exec(`
@@ -240,7 +239,10 @@ export async function importImage(imageDir: string, file: string): Promise<{ siz
 }
 
 /** Removes an image file that no record names (after a refused add). */
-export async function removeUnusedImage(store: FirmwareRepo, sha256: string): Promise<void> {
+export async function removeUnusedImage(
+  store: Pick<FirmwareStore, 'imageDir' | 'imagePath'> & { isUsed(sha256: string): Promise<boolean> },
+  sha256: string,
+): Promise<void> {
   if (await store.isUsed(sha256)) return;
   await unlink(store.imagePath({ sha256 })).catch(() => undefined);
   await fsyncPath(store.imageDir);

@@ -4,6 +4,7 @@
  * method answers a promise. Writes that belong together go through `write`, which resolves once they are
  * committed, so that a reply never promises what a crash could take back.
  */
+import type { Pool } from 'pg';
 import { z } from 'zod';
 import type { StorageState } from '../../lib/sqlite.js';
 import type { CmdStatusMessage, Version } from '../../protocol/index.js';
@@ -270,6 +271,8 @@ export interface BridgeStore extends StoreTx {
    * which new rows fill before the file grows again). For metrics.
    */
   databaseSize(): Promise<{ bytes: number; freeBytes: number }>;
+  /** PostgreSQL's connection pool, for what the bridges share beyond the store (the attempt limits); SQLite: none. */
+  readonly pool?: Pool;
   /** Where enrolled devices' secret hashes are kept, for the embedded broker. */
   readonly credentials: DeviceCredentials;
   close(): Promise<void>;

@@ -19,6 +19,7 @@ import { HasherBusyError, PasswordHasher } from '../../bridge/accounts/password.
 import { hasherFor } from '../../bridge/accounts/password.js';
 import { outboxDir } from '../../bridge/config.js';
 import { OPENAPI_PATH } from '../../bridge/openapi.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { StorageFullError } from '../../lib/sqlite.js';
 import { type TestBridge, startTestBridge } from '../support/bridge.js';
@@ -153,7 +154,12 @@ const fullHasher = () =>
     verifyNothing: refuse(new HasherBusyError()),
   });
 const diskFull = new StorageFullError(Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' }));
-const fullStore = (dataDir: string) => Object.assign(new SqliteStore(dataDir), { write: refuse(diskFull) });
+/** A store whose disk filled up after the bridge's first start: its default frontend exists, no write succeeds. */
+const fullStore = async (dataDir: string) => {
+  const store = new SqliteStore(dataDir);
+  await ensureDefaultFrontend(store, Date.now());
+  return Object.assign(store, { write: refuse(diskFull) });
+};
 
 let main: TestBridge;
 let doc: Doc;

@@ -241,7 +241,7 @@ export interface TestBridgeOptions {
   /** The password hasher, instead of scrypt at its cheapest cost. */
   hasher?: PasswordHasher;
   /** Opens the store in the data directory, instead of a plain `SqliteStore`. */
-  openStore?: (dataDir: string) => SqliteStore;
+  openStore?: (dataDir: string) => SqliteStore | Promise<SqliteStore>;
 }
 
 export interface TestBridge {
@@ -287,7 +287,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const clock = opts.clock ?? new TestClock();
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
-  const store = opts.openStore?.(dataDir) ?? new SqliteStore(dataDir);
+  const store = (await opts.openStore?.(dataDir)) ?? new SqliteStore(dataDir);
   const defaultFrontend = await ensureDefaultFrontend(store, clock.now());
   const hasher = opts.hasher ?? hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, clock.now);

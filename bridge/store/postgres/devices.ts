@@ -131,9 +131,16 @@ export class PgDeviceRepo implements DeviceRepo {
 
   // ---- variables ----
 
-  async getVar(deviceId: string, type: VarType, name: string): Promise<VarRecord | undefined> {
+  async getVar(
+    deviceId: string,
+    type: VarType,
+    name: string,
+    options: { forUpdate?: boolean } = {},
+  ): Promise<VarRecord | undefined> {
+    // Locked for the rest of the transaction: a user's change or sync reads, then writes, the variable.
+    const lock = options.forUpdate === true ? ' FOR UPDATE' : '';
     const r = await this.c.query<VarRecord>(
-      `SELECT ${VAR_COLUMNS} FROM vars WHERE device_id = $1 AND type = $2 AND name = $3`,
+      `SELECT ${VAR_COLUMNS} FROM vars WHERE device_id = $1 AND type = $2 AND name = $3${lock}`,
       [deviceId, type, name],
     );
     return r.rows[0];

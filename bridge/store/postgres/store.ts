@@ -266,8 +266,10 @@ class PgTx implements StoreTx {
     return r.rows[0] && toUser(r.rows[0]);
   }
 
-  async userById(id: number): Promise<User | undefined> {
-    const r = await this.conn.query<UserRow>('SELECT * FROM users WHERE id = $1', [id]);
+  async userById(id: number, options: { forUpdate?: boolean } = {}): Promise<User | undefined> {
+    // Locked for the rest of the transaction: the user data merge and the authcode rotation read, then write.
+    const lock = options.forUpdate === true ? ' FOR UPDATE' : '';
+    const r = await this.conn.query<UserRow>(`SELECT * FROM users WHERE id = $1${lock}`, [id]);
     return r.rows[0] && toUser(r.rows[0]);
   }
 
@@ -388,7 +390,8 @@ export class PostgresStore extends PgTx implements BridgeStore {
   readonly credentials: DeviceCredentials;
 
   constructor(
-    private readonly pool: pg.Pool,
+    /** The connection pool, for what the bridges share beyond the store (the attempt limits). */
+    readonly pool: pg.Pool,
     private readonly watch: StorageWatch,
     private readonly dataDir: string,
   ) {
