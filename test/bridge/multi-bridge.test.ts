@@ -76,14 +76,32 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     return { http, state };
   }
 
-  async function signupAndClaim(http: HttpClient, agent: TestAgent): Promise<string> {
+  async function signupAndClaim(http: HttpClient, agent: TestAgent, bridges: BridgeProcess[]): Promise<string> {
     const signup = await http.post('/0/session/signup', {
       form: { login: `${randomUUID()}@example.com`, password: 'correct horse battery' },
     });
     expect(signup.status).toBe(201);
     const { deviceId, authcode } = agent.agent.identity;
     // The device's hello may be handled by any bridge; once it is in the database, any bridge can claim it.
-    await until(async () => (await http.post('/0/devices/', { form: { auth: authcode } })).status === 201, 'claim');
+    await until(
+      async () => (await http.post('/0/devices/', { form: { auth: authcode } })).status === 201,
+      'claim',
+    ).catch((err: unknown) => {
+      const said = bridges.map(
+        (b, i) =>
+          `bridge ${i}:\n${b
+            .output()
+            .split('\n')
+            .filter((l) => /"level":(40|50)|hello/.test(l))
+            .join('\n')}`,
+      );
+      throw new Error(
+        `${String(err)}\nagent:\n${agent.sink.lines
+          .slice(-30)
+          .map((l) => JSON.stringify(l))
+          .join('\n')}\n${said.join('\n')}`,
+      );
+    });
     return deviceId;
   }
 
@@ -96,7 +114,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     const { bridges, agent, runs } = await fleet(3);
     const { http, state } = roaming(bridges);
     state.to = 0;
-    const id = await signupAndClaim(http, agent);
+    const id = await signupAndClaim(http, agent, bridges);
     // The session made on bridge 0 is good on the others.
     for (const to of [1, 2]) {
       state.to = to;
@@ -132,7 +150,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
   it('kill -9 of one bridge during traffic loses no answered write, and the device keeps syncing', async () => {
     const { bridges, agent } = await fleet(3);
     const { http } = roaming(bridges);
-    const id = await signupAndClaim(http, agent);
+    const id = await signupAndClaim(http, agent, bridges);
     const clients = bridges.map((b) => b.client());
     // Each client needs the session: the same cookie, on each bridge.
     for (const c of clients) for (const [k, v] of http.jar) c.jar.set(k, v);
