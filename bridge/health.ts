@@ -78,6 +78,8 @@ export const HealthObject = z
     status: z.enum(['ok', 'failing']),
     /** `ok`: a read in a write transaction answered, and the data directory is writable. */
     database: z.enum(['ok', 'failing']),
+    /** The store's engine: `sqlite` in the data directory, or `postgres` at `database.url` (docs/scaling.md). */
+    engine: z.enum(['sqlite', 'postgres']),
     storage: z
       .object({
         /**
@@ -167,6 +169,7 @@ export function healthRoutes(deps: HealthDeps): Route[] {
         const body: HealthObject = {
           status: ok ? 'ok' : 'failing',
           database: database ? 'ok' : 'failing',
+          engine: store.engine,
           storage,
           mqtt: { broker: link.broker, connected: link.connected, downSince: downSince ?? null },
           version: VERSION,

@@ -84,6 +84,7 @@ describe('GET /healthz', () => {
     expect(h.body).toMatchObject({
       status: 'ok',
       database: 'ok',
+      engine: 'sqlite',
       mqtt: { broker: 'embedded', connected: true, downSince: null },
     });
     // A request naming no frontend answers 404 when there is no default frontend; the probe is not one.
