@@ -34,6 +34,8 @@ export const ERRORS = {
   'firmware-fail': { status: 400, body: 'firmware-fail' },
   /** An image download without a valid job token. */
   'fw-token-fail': { status: 401, body: 'unauthorized' },
+  /** A job's image whose file this bridge does not have (docs/scaling.md, "Firmware images with several bridges"). */
+  'fw-image-missing': { status: 404, body: 'not found' },
   /** A state-changing request from a page of another site (bridge/sessions/origin.ts). */
   'origin-fail': { status: 403, body: 'origin-fail' },
   'too-many-requests': { status: 429, body: 'too-many-requests' },

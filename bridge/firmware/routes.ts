@@ -16,6 +16,7 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import type { FastifyRequest } from 'fastify';
 import { FW_AFTER_SWITCH, FW_FINAL_STATES } from '../../protocol/index.js';
 import { deviceAccess } from '../devices/access.js';
@@ -236,6 +237,12 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
           description: 'No valid token: none, a wrong one, an expired one, or one for a job that is not open.',
           tokens: [token('fw-token-fail')],
         },
+        404: {
+          description:
+            "This bridge does not have the image's file (with several bridges, each needs it: `firmware add` on " +
+            'each host).',
+          tokens: [token('fw-image-missing')],
+        },
         416: {
           description:
             'A `bytes` range that is not one range within the image (`Content-Range: bytes */size`); ' + 'no body.',
@@ -248,6 +255,15 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
         const job = UUID_RE.test(jobId) && auth ? await jobs.tokenValid(jobId, auth[1]!, now()) : undefined;
         if (!job) throw new ApiError('fw-token-fail');
         const path = catalog.imagePath(job);
+        // Another bridge may have added the image (docs/scaling.md): this one may lack its file.
+        const present = await stat(path).then(
+          (s) => s.isFile(),
+          () => false,
+        );
+        if (!present) {
+          log.warn({ event: 'fw.image_missing', job: job.id, sha256: job.sha256 });
+          throw new ApiError('fw-image-missing');
+        }
         const range = parseRange(req.headers.range, job.size);
         reply.header('accept-ranges', 'bytes').header('cache-control', 'no-store').type('application/octet-stream');
         if (range === null) {

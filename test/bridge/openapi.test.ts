@@ -10,7 +10,7 @@
  * goes down to them.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { readFileSync, readdirSync } from 'node:fs';
+import { readFileSync, readdirSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -740,6 +740,16 @@ describe('every status and token the document lists is brought about', () => {
       const listed = (a: Answer) =>
         expect(body(a)).toContainEqual(expect.objectContaining({ name: entry.name, version: 3 }));
       const whole = (a: Answer) => expect(a.bytes.equals(fw.IMAGE)).toBe(true);
+      /** The request, while the image's file is away (as on a bridge that never got it). */
+      const withoutFile = (run: () => Promise<Answer>) => async () => {
+        const file = main.store.firmware.imagePath({ sha256: fw.sha256 });
+        renameSync(file, `${file}.away`);
+        try {
+          return await run();
+        } finally {
+          renameSync(`${file}.away`, file);
+        }
+      };
       const part = (a: Answer) => expect(a.bytes.equals(fw.IMAGE.subarray(10, 20))).toBe(true);
       await drive({
         listFirmware: [
@@ -755,6 +765,7 @@ describe('every status and token the document lists is brought about', () => {
           [206, null, 'Range: bytes=10-19', fwGet(image, null, { ...token, range: 'bytes=10-19' }), part],
           [416, '', 'Range: bytes=20-10', fwGet(image, null, { ...token, range: 'bytes=20-10' })],
           [401, 'unauthorized', 'no token', fwGet(image)],
+          [404, 'not found', "the image's file gone from this bridge", withoutFile(fwGet(image, null, token))],
         ],
       });
     } finally {
