@@ -2,6 +2,7 @@
  * Account flows around the session routes: confirmation e-mail and link, resend, recovery and password reset
  * (decisions 5 and 6). The links and their tokens are made in `service.ts`.
  */
+import { isStorageFull } from '../../lib/sqlite.js';
 import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../errors.js';
 import type { RouteContext } from '../http/context.js';
@@ -35,6 +36,8 @@ export function accountRoutes(ctx: RouteContext): Route[] {
       try {
         await sendRecovery(ctx, linkOrigin(config, req), user);
       } catch (err) {
+        // The link's token could not be stored: the disk's failure, not the mail's (507).
+        if (isStorageFull(err)) throw err;
         ctx.log.warn({ event: 'mail.failed', kind: 'recover', userId: user.id, err: String(err) });
         throw new ApiError('recover-fail');
       }
@@ -119,6 +122,7 @@ export function accountRoutes(ctx: RouteContext): Route[] {
         try {
           await sendConfirmation(ctx, linkOrigin(config, req), user);
         } catch (err) {
+          if (isStorageFull(err)) throw err;
           ctx.log.warn({ event: 'mail.failed', kind: 'confirm', userId: user.id, err: String(err) });
           throw new ApiError('resend-fail');
         }

@@ -35,7 +35,14 @@ type Doc = { servers: Json[]; paths: Record<string, Record<string, Operation>>; 
 const NO_FRONTEND_OPS: ReadonlySet<string> = new Set(['downloadFirmwareImage', 'getHealth', 'getMetrics']);
 
 /** The routes whose 507 `storage-full` is brought about here; every route that changes something documents it. */
-const FULL_DISK_OPS: ReadonlySet<string> = new Set(['createSession', 'login', 'signup']);
+const FULL_DISK_OPS: ReadonlySet<string> = new Set([
+  'createSession',
+  'login',
+  'signup',
+  'resendConfirmation',
+  'recover',
+  'recoverAlias',
+]);
 
 /**
  * A path as the router knows it: the document spells some with the specification's trailing slash, and its path
@@ -446,6 +453,8 @@ describe('every status and token the document lists is brought about', () => {
         [400, 'recover-fail', 'a wrong token', post(path, { ...form, token: 'wrong' })],
         [429, 'too-many-requests', 'twice', twice(path, { login: `${path.length}@example.com` })],
         [503, 'busy', 'a full hashing queue', odd(busy, path, { ...form, login: 'busy@example.com' })],
+        // The recovery link's token could not be stored: the disk, not the mail, failed.
+        [507, 'storage-full', 'a full disk', odd(full, path, { login: 'full@example.com' })],
       ];
     };
     try {
@@ -483,6 +492,7 @@ describe('every status and token the document lists is brought about', () => {
           [200, 'resend-ok', 'an unconfirmed user', post('/0/session/resend', { login: u.login })],
           [400, 'resend-fail', 'an unknown login', post('/0/session/resend', { login: 'no@example.com' })],
           [429, 'too-many-requests', 'twice', twice('/0/session/resend', { login: 'r@example.com' })],
+          [507, 'storage-full', 'a full disk', odd(full, '/0/session/resend', { login: 'full@example.com' })],
         ],
         recover: await recover('/0/session/recovery'),
         recoverAlias: await recover('/0/session/recover'),
