@@ -110,7 +110,7 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     return r.status === 200 ? (JSON.parse(r.body) as VarJson) : undefined;
   }
 
-  it('a session, a change and its acknowledgement, and a command, across three bridges', async () => {
+  it('a session, a change and its acknowledgement, a command, and presence, across three bridges', async () => {
     const { bridges, agent, runs } = await fleet(3);
     const { http, state } = roaming(bridges);
     state.to = 0;
@@ -145,6 +145,16 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     }, 'the command to finish');
     expect(done.output).toBe('counted\n');
     expect(readFileSync(runs, 'utf8')).toBe('once\n');
+    // Presence is right on every bridge, whichever handled the device's messages: connected, then gone.
+    const presence = async (to: number) => {
+      const r = await bridges[to]!.client().get(`/0/devices/${id}/meta/state`, {
+        cookie: `sid=${http.jar.get('sid')}`,
+      });
+      return r.status === 200 ? (JSON.parse(r.body) as string) : undefined;
+    };
+    for (const to of [0, 1, 2]) expect(await presence(to)).toBe('connected');
+    await agent.stop();
+    for (const to of [0, 1, 2]) await until(async () => (await presence(to)) === 'disconnected', `disconnected on ${to}`);
   });
 
   it('kill -9 of one bridge during traffic loses no answered write, and the device keeps syncing', async () => {
