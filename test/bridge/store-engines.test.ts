@@ -981,6 +981,31 @@ describe.skipIf(await missingPostgres())('the bridge store on PostgreSQL', () =>
       return { unit };
     };
 
+    it('two units that lock two variables in opposite orders both commit: the one the server stops runs again', async () => {
+      await a.devices.touch(dev(1), T);
+      for (const name of ['x', 'y']) await a.devices.putVersion(dev(1), version('d', name, '0', T, 'cloud'), 0, 'user');
+      // Each unit locks its first variable, then waits until the other has its own, then asks for the other's.
+      let locked = 0;
+      const bothLocked = () => until(() => locked >= 2, 'both first locks');
+      const runs = { a: 0, b: 0 };
+      const unit = (store: BridgeStore, key: 'a' | 'b', first: string, second: string) =>
+        store.write(async (tx) => {
+          runs[key]++;
+          await tx.devices.getVar(dev(1), 'd', first, { forUpdate: true });
+          locked++;
+          await bothLocked();
+          await tx.devices.getVar(dev(1), 'd', second, { forUpdate: true });
+          await tx.devices.putVersion(dev(1), version('d', first, key, T + 1, 'cloud'), 0, 'user');
+          return key;
+        });
+      const outcomes = await Promise.allSettled([unit(a, 'a', 'x', 'y'), unit(b, 'b', 'y', 'x')]);
+      expect(outcomes.map((o) => o.status)).toEqual(['fulfilled', 'fulfilled']);
+      // The server broke the deadlock by stopping one of them, which ran a second time.
+      expect(runs.a + runs.b).toBe(3);
+      expect((await a.devices.getVar(dev(1), 'd', 'x'))?.value?.toString()).toBe('a');
+      expect((await a.devices.getVar(dev(1), 'd', 'y'))?.value?.toString()).toBe('b');
+    });
+
     it('see each other’s writes at once: nothing of a device, session or user is kept', async () => {
       await a.createFrontend(frontendOf('f1', true));
       const u = (await a.createUser({ frontendId: 'f1', login: 'ann', passwordHash: 'h', authcode: 'c', now: T }))!;

@@ -173,6 +173,29 @@ export async function transaction<T>(
   work: (c: Conn) => Promise<T>,
   durable: boolean,
 ): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await transactionOnce(pool, watch, work, durable);
+    } catch (err) {
+      if (attempt >= TX_ATTEMPTS || !RETRIED.has((err as { code?: unknown } | null)?.code as string)) throw err;
+      // Two bridges locked rows in opposite orders, and the server chose this one to give way: it had written
+      // nothing (rolled back whole), so it runs again, after a pause that keeps the two apart.
+      await new Promise((resolve) => setTimeout(resolve, 5 + Math.random() * 20 * attempt));
+    }
+  }
+}
+
+/** SQLSTATEs after which a transaction is run again: `deadlock_detected` and `serialization_failure`. */
+const RETRIED: ReadonlySet<string> = new Set(['40P01', '40001']);
+/** Runs of one unit of work at most. */
+const TX_ATTEMPTS = 3;
+
+async function transactionOnce<T>(
+  pool: pg.Pool,
+  watch: StorageWatch,
+  work: (c: Conn) => Promise<T>,
+  durable: boolean,
+): Promise<T> {
   const client = await pool.connect();
   // A checked-out client whose connection breaks emits `error`; the pool listens only while it is idle.
   let broken: Error | undefined;
