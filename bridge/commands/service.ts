@@ -178,7 +178,8 @@ export class CommandService {
       .then(() => {
         // `markSent` moves only a `queued` command; one a report moved further stays where it is.
         for (const c of commands.slice(0, sent.length)) {
-          if (c.state === 'queued') this.o.events?.publish({ type: 'command.changed', deviceId: c.deviceId, id: c.id, state: 'sent' });
+          if (c.state === 'queued')
+            this.o.events?.publish({ type: 'command.changed', deviceId: c.deviceId, id: c.id, state: 'sent' });
         }
       })
       .catch((err: unknown) => this.o.log.warn({ event: 'cmd.mark_sent_failed', err: String(err) }));

@@ -40,7 +40,12 @@ export const BusEvent = z.discriminatedUnion('type', [
     state: z.enum(['connected', 'disconnected', 'sleeping']),
   }),
   /** A claim (`owned`, by `userId`) or an unregister (`!owned`, by its former owner `userId`). */
-  z.object({ type: z.literal('device.registration'), deviceId: DeviceId, owned: z.boolean(), userId: z.number().int() }),
+  z.object({
+    type: z.literal('device.registration'),
+    deviceId: DeviceId,
+    owned: z.boolean(),
+    userId: z.number().int(),
+  }),
   /** A frontend was made or changed; making one the default changes every other one too. */
   z.object({ type: z.literal('frontend.changed'), id: z.string() }),
   /**
