@@ -378,13 +378,11 @@ export class DeviceService {
     const repush: VarItem[] = [];
     const skew = this.skews.get(deviceId);
     let restamped = 0;
-    let changed: VarChange[] = [];
+    const changed: VarChange[] = [];
     const acks = await this.opts.store.write(async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
       const out: AckItem[] = [];
-      // Made again at each attempt of the unit of work.
-      changed = [];
       for (const item of msg.items) {
         // A cloud version the device has not acknowledged yet, read only for a version far ahead (rule 2 of
         // docs/sync.md#clocks): the device's change was made without knowing it.
@@ -459,7 +457,6 @@ export class DeviceService {
     const changed: VarChange[] = [];
     const written = (name: string) => changed.push({ type: 'meta', name, change: 'version' });
     await this.opts.store.write(async (tx) => {
-      changed.length = 0;
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
       // The presence and identity entries are the bridge's own; a device cannot overwrite them.
