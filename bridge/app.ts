@@ -14,6 +14,7 @@ import { CommandService } from './commands/service.js';
 import type { BridgeConfig } from './config.js';
 import { deviceRoutes } from './devices/routes.js';
 import { createDeviceService } from './devices/create.js';
+import { type EventBus, LocalBus } from './events/bus.js';
 import type { DeviceService } from './devices/service.js';
 import { firmwareRoutes } from './firmware/routes.js';
 import { LinkMonitor, healthRoutes } from './health.js';
@@ -49,6 +50,11 @@ export interface AppDeps {
    * every other bridge on it (docs/api.md, Rate limits). Without it, the limits live in this process's memory.
    */
   rateLimitPool?: Pool;
+  /**
+   * The bridge's event bus (docs/scaling.md, "The event bus"), which the services and routes made here publish
+   * to; without it, one in this process that nothing outside the app hears.
+   */
+  events?: EventBus;
 }
 
 export function buildApp(deps: AppDeps): FastifyInstance {
@@ -57,9 +63,10 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   const server = createServer({ config, store: deps.store, log, now, checkAnswers: deps.checkAnswers === true });
   const { app } = server;
 
+  const events = deps.events ?? new LocalBus(log);
   const commands =
-    deps.commands ?? new CommandService({ store: deps.store, log, now, maxOpen: config.commands.maxOpen });
-  const devices = deps.devices ?? createDeviceService(config, deps.store, log, now, commands);
+    deps.commands ?? new CommandService({ store: deps.store, log, now, maxOpen: config.commands.maxOpen, events });
+  const devices = deps.devices ?? createDeviceService(config, deps.store, log, now, commands, events);
   // A service made here stops with the app; one passed in belongs to its maker.
   if (!deps.devices) {
     app.addHook('onClose', () => devices.close());
@@ -74,6 +81,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     devices,
     commands,
     limits: createLimits(config.rateLimits, now, deps.rateLimitPool ? { pool: deps.rateLimitPool } : undefined),
+    events,
   };
 
   const link = deps.link ?? new LinkMonitor(now);

@@ -22,6 +22,7 @@ import { createDeviceService } from './devices/create.js';
 import { DeviceLink, EmbeddedLink, type Link } from './devices/link.js';
 import { DeviceRateLimiter } from './devices/ratelimit.js';
 import type { DeviceService } from './devices/service.js';
+import { type EventBus, eventBusFor } from './events/bus.js';
 import { ensureDefaultFrontend } from './frontends/default.js';
 import { LinkMonitor } from './health.js';
 import { type Mailer, createMailer } from './mail/mailer.js';
@@ -298,6 +299,11 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
   readonly mailer: Mailer;
   /** The state of the link to the broker, for `/healthz` and `/metrics`. */
   readonly monitor: LinkMonitor;
+  /**
+   * The event bus (docs/scaling.md, "The event bus"): committed changes of devices, commands, frontends and
+   * sessions, from this bridge and, on PostgreSQL, from every other one on the database. Subscribe here.
+   */
+  readonly events: EventBus;
   /** Made (or found) at start (decision 15). */
   defaultFrontend!: Frontend;
   /** The parts, in the order they start. */
@@ -321,9 +327,14 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
     this.log = log;
     this.now = now;
     const secrets = readSecrets(config);
+    // LISTEN/NOTIFY on PostgreSQL (its own connection to `database.url`), in this process on SQLite.
+    const events = eventBusFor(store, config.database.url, log);
+    this.events = events;
+    // The store's copies follow the bus from now: the default frontend made at start is announced on it too.
+    const unfollow = store.useEvents?.(events);
     this.mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, now);
-    this.commands = new CommandService({ store, log, now, maxOpen: config.commands.maxOpen });
-    this.devices = createDeviceService(config, store, log, now, this.commands);
+    this.commands = new CommandService({ store, log, now, maxOpen: config.commands.maxOpen, events });
+    this.devices = createDeviceService(config, store, log, now, this.commands, events);
     this.monitor = new LinkMonitor(now);
     this.app = buildApp({
       config,
@@ -335,6 +346,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
       devices: this.devices,
       commands: this.commands,
       link: this.monitor,
+      events,
       checkAnswers: deps.checkAnswers === true,
       // With several bridges on one database, the attempt limits are counted there (docs/api.md, Rate limits).
       ...(store.pool ? { rateLimitPool: store.pool } : {}),
@@ -372,6 +384,16 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
       broker: () => this.brokerPart?.broker,
     });
     const parts: Array<Part | undefined> = [
+      // First to start and last to stop: every part after it may publish, and what they published is sent
+      // before it stops (the store's pool is closed by the store's opener, after).
+      {
+        name: 'events',
+        start: () => events.start(),
+        stop: async () => {
+          await events.stop();
+          unfollow?.();
+        },
+      },
       stopOnly('mailer', () => this.mailer.close()),
       // The resend schedule and the history retention.
       stopOnly('devices', () => this.devices.close()),

@@ -57,6 +57,7 @@ export function accountRoutes(ctx: RouteContext): Route[] {
       return true;
     });
     if (!done) throw new ApiError('recover-fail');
+    ctx.events.publish({ type: 'session.ended', userId: user.id });
     ctx.log.info({ event: 'account.password_reset', userId: user.id });
   };
   const recoverRoute = (path: string, operationId: string, alias: boolean): Route => ({

@@ -7,6 +7,7 @@
 import type { Logger } from '../../lib/log.js';
 import { type CmdStatusMessage, messageId } from '../../protocol/index.js';
 import type { SendDown } from '../devices/link.js';
+import type { EventBus } from '../events/bus.js';
 import type { BridgeStore, StoreTx } from '../store/types.js';
 import type { NewBridgeCommand, StoredCommand } from './store.js';
 
@@ -16,6 +17,8 @@ export interface CommandServiceOptions {
   now: () => number;
   /** Decision 13: open commands per device. */
   maxOpen: number;
+  /** Where committed changes of commands are announced (`command.changed`): docs/scaling.md, "The event bus". */
+  events?: EventBus;
 }
 
 export type SubmitOutcome = { ok: true; id: string } | { ok: false; reason: 'full' };
@@ -57,6 +60,7 @@ export class CommandService {
       return true;
     });
     if (!added) return { ok: false, reason: 'full' };
+    this.o.events?.publish({ type: 'command.changed', deviceId, id, state: handOver ? 'sent' : 'queued' });
     this.counters.submitted++;
     this.o.log.info({ event: 'cmd.submitted', deviceId, cmd: id, priority, lifetimeMs });
     if (handOver && this.publish(c)) this.counters.sent++;
@@ -93,6 +97,11 @@ export class CommandService {
       },
       { durable: false },
     );
+    if (moved) {
+      // A `queued` report says the device has it: the command is `sent` (commands/store.ts).
+      const state = msg.state === 'queued' ? 'sent' : msg.state;
+      this.o.events?.publish({ type: 'command.changed', deviceId, id: msg.cmd, state });
+    }
     if (!moved) this.counters.stale++;
     else if (msg.state !== 'queued' && msg.state !== 'running') {
       this.o.log.info({ event: 'cmd.finished', deviceId, cmd: msg.cmd, state: msg.state, exitCode: msg.exitCode });
@@ -166,6 +175,13 @@ export class CommandService {
         },
         { durable: false },
       )
+      .then(() => {
+        // `markSent` moves only a `queued` command; one a report moved further stays where it is.
+        for (const c of commands.slice(0, sent.length)) {
+          if (c.state === 'queued')
+            this.o.events?.publish({ type: 'command.changed', deviceId: c.deviceId, id: c.id, state: 'sent' });
+        }
+      })
       .catch((err: unknown) => this.o.log.warn({ event: 'cmd.mark_sent_failed', err: String(err) }));
     return sent.length;
   }

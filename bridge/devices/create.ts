@@ -6,6 +6,7 @@
 import type { Logger } from '../../lib/log.js';
 import type { CommandService } from '../commands/service.js';
 import type { BridgeConfig } from '../config.js';
+import type { EventBus } from '../events/bus.js';
 import { resendFirmwareJob } from '../firmware/resend.js';
 import type { BridgeStore } from '../store/types.js';
 import { DeviceService } from './service.js';
@@ -16,6 +17,7 @@ export function createDeviceService(
   log: Logger,
   now: () => number,
   commands: CommandService,
+  events?: EventBus,
 ): DeviceService {
   const devices: DeviceService = new DeviceService({
     store,
@@ -26,6 +28,7 @@ export function createDeviceService(
     resend: { firstMs: config.devices.resendFirstMs, maxMs: config.devices.resendMaxMs },
     retention: { maxAgeDays: config.devices.historyDays, maxPerVariable: config.devices.historyPerVariable },
     commands,
+    ...(events && { events }),
     firmware: {
       onHello: (deviceId: string): Promise<void> =>
         resendFirmwareJob(

@@ -133,7 +133,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         if (outcome === 'taken') throw new ApiError('claim-fail');
         if (outcome === 'claimed') {
           ctx.log.info({ event: 'device.claimed', deviceId: device.id, userId: user.id });
-          service.registrationChanged(device.id, true);
+          service.registrationChanged(device.id, true, user.id);
         }
         // Decision 8: the uuid as text, or `{"id": …}` to a client that asks for JSON.
         const accept = req.headers.accept ?? '';
@@ -193,7 +193,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         });
         if (!done) throw new ApiError('device-fail');
         ctx.log.info({ event: 'device.unregistered', deviceId: id, userId: user.id });
-        service.registrationChanged(id, false);
+        service.registrationChanged(id, false, user.id);
         return send(reply, 200, 'device-ok');
       },
     },

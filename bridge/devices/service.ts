@@ -26,6 +26,7 @@ import {
   varItem,
 } from '../../protocol/index.js';
 import type { CommandService } from '../commands/service.js';
+import type { BusEvent, EventBus, VarChange } from '../events/bus.js';
 import type { BridgeStore, StoreTx } from '../store/types.js';
 import { userOfAuthcode } from '../users/authcode.js';
 import type { SendDown, UpMessage } from './link.js';
@@ -49,10 +50,15 @@ export interface DeviceServiceOptions {
   resend?: { firstMs: number; maxMs: number };
   /** History retention: the age in days and the entries per variable kept, 0 for no limit (retention.ts). */
   retention?: { maxAgeDays: number; maxPerVariable: number };
+  /**
+   * Where committed changes of devices are announced (`device.vars`, `device.state`, `device.registration`):
+   * docs/scaling.md, "The event bus".
+   */
+  events?: EventBus;
 }
 
 /** `state` payloads as `meta` `state` values (decision 21). */
-const META_STATE: Record<StatePayload, string> = {
+const META_STATE: Record<StatePayload, 'connected' | 'disconnected' | 'sleeping'> = {
   online: 'connected',
   offline: 'disconnected',
   sleeping: 'sleeping',
@@ -145,9 +151,23 @@ export class DeviceService {
     return () => this.registrationListeners.delete(fn);
   }
 
-  /** The routes report claims and unregisters here (the broker's device clients follow them: bridge/mqtt/). */
-  registrationChanged(deviceId: string, owned: boolean): void {
+  /**
+   * The routes report claims and unregisters here, once committed (the broker's device clients follow them:
+   * bridge/mqtt/); `userId` is the new owner, or the former one.
+   */
+  registrationChanged(deviceId: string, owned: boolean, userId: number): void {
+    this.publish({ type: 'device.registration', deviceId, owned, userId });
     for (const fn of this.registrationListeners) fn(deviceId, owned);
+  }
+
+  /** Announces a committed change on the event bus. */
+  private publish(event: BusEvent): void {
+    this.opts.events?.publish(event);
+  }
+
+  /** Announces changed variables of a device, if any. */
+  private varsChanged(deviceId: string, vars: VarChange[]): void {
+    if (vars.length > 0) this.publish({ type: 'device.vars', deviceId, vars });
   }
 
   // ---- messages from devices ----
@@ -222,6 +242,7 @@ export class DeviceService {
       },
       { durable: false },
     );
+    this.publish({ type: 'device.state', deviceId, state: META_STATE[state] });
     // A device that is gone gets what it has not acknowledged at its next hello.
     if (state !== 'online') this.resend.forget(deviceId);
     this.opts.log.info({ event: 'device.state', deviceId, state: META_STATE[state] });
@@ -237,6 +258,11 @@ export class DeviceService {
     const now = this.opts.now();
     if (hello.clock === true) this.skews.set(deviceId, hello.ts - now);
     else this.skews.delete(deviceId);
+    const metas: VarChange[] = ['unique', 'platform', 'fwversion', 'agentversion'].map((name) => ({
+      type: 'meta',
+      name,
+      change: 'version',
+    }));
     const written = this.opts.store.write(async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
@@ -248,14 +274,19 @@ export class DeviceService {
       await devices.setMeta(deviceId, 'state', 'connected', now, 'server');
       // Decision 22: the firmware entries exist from the first hello; the device reports them during an update.
       for (const [name, value] of FW_META_DEFAULTS) {
-        if (!(await devices.getVar(deviceId, 'meta', name)))
+        if (!(await devices.getVar(deviceId, 'meta', name))) {
           await devices.setMeta(deviceId, name, value, now, 'server');
+          metas.push({ type: 'meta', name, change: 'version' });
+        }
       }
       return !ok;
     });
     let failed: { err: unknown } | undefined;
     try {
-      if (await written) {
+      const taken = await written;
+      this.publish({ type: 'device.state', deviceId, state: 'connected' });
+      this.varsChanged(deviceId, metas);
+      if (taken) {
         this.counters.authcodeTaken++;
         log.warn({ event: 'device.authcode_taken', deviceId, reason: 'another device has this auth code' });
       }
@@ -347,6 +378,7 @@ export class DeviceService {
     const repush: VarItem[] = [];
     const skew = this.skews.get(deviceId);
     let restamped = 0;
+    const changed: VarChange[] = [];
     const acks = await this.opts.store.write(async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
@@ -363,6 +395,7 @@ export class DeviceService {
           { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
           now,
         );
+        if (r.outcome === 'applied') changed.push({ type: item.type, name: item.name, change: 'version' });
         if ((time !== item.time || item.unverified === true) && item.type === 'd') {
           // Re-stamped (an unverified version always is): the device holds a version the cloud does not keep.
           // Whichever version won here goes to the device instead of an acknowledgement, and the agent takes it over
@@ -385,6 +418,7 @@ export class DeviceService {
       }
       return out;
     });
+    this.varsChanged(deviceId, changed);
     if (restamped > 0) {
       this.opts.log.info({ event: 'vars.restamped', deviceId, items: restamped, skewMs: skew ?? null });
     }
@@ -397,23 +431,31 @@ export class DeviceService {
   private async onAcks(deviceId: string, acks: readonly AckItem[]): Promise<void> {
     const now = this.opts.now();
     // An acknowledgement stamp promises nothing to anyone: lost, it costs one more push of the same version.
-    await this.opts.store.write(
+    const changed = await this.opts.store.write(
       async (tx) => {
         const devices = tx.devices;
         await this.activity(tx, deviceId, now);
+        const out: VarChange[] = [];
         for (const a of acks) {
-          if (a.kind === 'push') await devices.ackVersion(deviceId, a.type, a.name, a, now);
-          else if (a.synced !== undefined) await devices.ackSync(deviceId, a.type, a.name, a.synced, now);
+          const moved =
+            a.kind === 'push'
+              ? await devices.ackVersion(deviceId, a.type, a.name, a, now)
+              : a.synced !== undefined && (await devices.ackSync(deviceId, a.type, a.name, a.synced, now));
+          if (moved) out.push({ type: a.type, name: a.name, change: 'ack' });
         }
+        return out;
       },
       { durable: false },
     );
+    this.varsChanged(deviceId, changed);
     // The device is taking what it is sent: what is left goes again soon.
     this.resend.reset(deviceId);
   }
 
   private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
     const now = this.opts.now();
+    const changed: VarChange[] = [];
+    const written = (name: string) => changed.push({ type: 'meta', name, change: 'version' });
     await this.opts.store.write(async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
@@ -421,11 +463,13 @@ export class DeviceService {
       for (const [name, value] of Object.entries(meta)) {
         if (RESERVED_META.has(name)) continue;
         await devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
+        written(name);
       }
       // An agent that predates failure codes reports `fwerror` alone: a code left from an earlier report would
       // name another failure, so the code is emptied (docs/firmware.md, "Failure codes").
       if (meta.fwerror !== undefined && meta.fwerrorcode === undefined) {
         await devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
+        written('fwerrorcode');
       }
       // A final firmware state ends the device's open job (docs/decisions.md §7).
       const fwstate = meta.fwstate;
@@ -434,6 +478,7 @@ export class DeviceService {
         if (job) await tx.fwJobs.end(job.id, fwstate, now);
       }
     });
+    this.varsChanged(deviceId, changed);
   }
 
   /**
@@ -490,6 +535,7 @@ export class DeviceService {
       return (await devices.getVar(deviceId, type, name))!;
     });
     if (!rec) return false;
+    this.varsChanged(deviceId, [{ type, name, change: 'version' }]);
     if (type === 'd') this.sendVars(deviceId, [varItem(asVersion(rec), 'push')]);
     return true;
   }
@@ -505,6 +551,7 @@ export class DeviceService {
       return (await devices.getVar(deviceId, 'd', name))!;
     });
     if (!rec) return false;
+    this.varsChanged(deviceId, [{ type: 'd', name, change: 'sync' }]);
     this.sendVars(deviceId, [varItem(asVersion(rec), 'sync')]);
     return true;
   }

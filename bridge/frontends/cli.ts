@@ -7,10 +7,14 @@
  * - `set ID [name=NAME] [default=true] [KEY=VALUE ...]`.
  *
  * Exit codes as the rest of the CLI: 0 success; 1 the operation failed; 2 usage.
+ *
+ * On PostgreSQL, what it changes is announced to the running bridges (`frontend.changed` on the event bus,
+ * docs/scaling.md, "The event bus"), which drop their copies of the frontends at once.
  */
 import { randomUUID } from 'node:crypto';
 import type { BridgeConfig } from '../config.js';
 import { commandLog } from '../command-log.js';
+import { eventBusFor } from '../events/bus.js';
 import { openStore } from '../store/open.js';
 import { type Frontend, ProductConfig } from '../store/types.js';
 import { ensureDefaultFrontend } from './default.js';
@@ -52,7 +56,11 @@ export async function frontendCommand(
   now: number,
 ): Promise<number> {
   const [sub, ...rest] = params;
-  const store = await openStore(config, commandLog(config));
+  const log = commandLog(config);
+  const store = await openStore(config, log);
+  // Publishing only: nothing here listens, so the bus is never started; its stop sends what is queued.
+  const events = eventBusFor(store, config.database.url, log);
+  const unfollow = store.useEvents?.(events);
   try {
     switch (sub) {
       case 'list': {
@@ -106,6 +114,8 @@ export async function frontendCommand(
         return 2;
     }
   } finally {
+    await events.stop().catch(() => undefined);
+    unfollow?.();
     await store.close();
   }
 }

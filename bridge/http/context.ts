@@ -8,6 +8,7 @@ import type { PasswordHasher } from '../accounts/password.js';
 import type { CommandService } from '../commands/service.js';
 import type { BridgeConfig } from '../config.js';
 import type { DeviceService } from '../devices/service.js';
+import type { EventBus } from '../events/bus.js';
 import type { Mailer } from '../mail/mailer.js';
 import type { BridgeStore } from '../store/types.js';
 
@@ -21,4 +22,6 @@ export interface RouteContext {
   devices: DeviceService;
   commands: CommandService;
   limits: Limits;
+  /** Where committed changes are announced (docs/scaling.md, "The event bus"). */
+  events: EventBus;
 }

@@ -6,6 +6,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { BridgeConfig } from '../config.js';
+import type { EventBus } from '../events/bus.js';
 import type { BridgeStore, Session, User } from '../store/types.js';
 
 export const COOKIE_NAME = 'sid';
@@ -67,7 +68,8 @@ export function clearSessionCookie(req: FastifyRequest, reply: FastifyReply): vo
 
 /**
  * Starts a new session (for a user, or anonymous) in the request's frontend, replacing the request's old one
- * (decision 1: a new id on login, signup and logout), and sets its cookie. Durable before the reply.
+ * (decision 1: a new id on login, signup and logout), and sets its cookie. Durable before the reply. The old one's
+ * end is announced on `events` (`session.ended`, by its stored hash).
  */
 export async function startSession(
   req: FastifyRequest,
@@ -76,6 +78,7 @@ export async function startSession(
   config: BridgeConfig,
   userId: number | null,
   now: number,
+  events?: EventBus,
 ): Promise<void> {
   const id = newSessionId();
   const old = req.session;
@@ -83,5 +86,6 @@ export async function startSession(
     if (old) await tx.deleteSession(old.idHash);
     await tx.createSession({ idHash: id.hash, frontendId: req.frontend.id, userId, createdAt: now, lastSeenAt: now });
   });
+  if (old) events?.publish({ type: 'session.ended', idHash: old.idHash, userId: old.userId });
   setSessionCookie(req, reply, id.value, config);
 }

@@ -15,7 +15,7 @@ import { startSession } from './cookie.js';
 import { sessionForms } from './schemas.js';
 
 export function sessionRoutes(ctx: RouteContext): Route[] {
-  const { store, config, hasher, now, limits } = ctx;
+  const { store, config, hasher, now, limits, events } = ctx;
   const forms = sessionForms(config.accounts);
   const NoForm = named('NoForm', forms.none);
   const bodyLimit = `${config.http.bodyLimit} bytes (\`http.bodyLimit\`)`;
@@ -37,7 +37,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         if (req.session) return send(reply, 200, 'user-ok');
-        await startSession(req, reply, store, config, null, now());
+        await startSession(req, reply, store, config, null, now(), events);
         return send(reply, 201, 'user-ok');
       },
     },
@@ -85,7 +85,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
         }
         // The login's shared count is not reset: a success from one address says nothing about guesses from others.
         await limits.loginByLoginAndAddress.reset(pair);
-        await startSession(req, reply, store, config, user.id, now());
+        await startSession(req, reply, store, config, user.id, now(), events);
         ctx.log.info({ event: 'session.login', frontend: req.frontend.id, userId: user.id });
         if (hasher.needsRehash(user.passwordHash)) {
           // Stronger parameters since this hash was made: upgrade it now that the password is at hand.
@@ -124,7 +124,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
         if (!req.session) return send(reply, 400, 'logout-fail');
         // Decision 1: a new id on logout too. The logged-in session ends (its cookie is useless from now on) and
         // the client carries on in a fresh anonymous one.
-        await startSession(req, reply, store, config, null, now());
+        await startSession(req, reply, store, config, null, now(), events);
         return send(reply, 201, 'logout-ok');
       },
     },
@@ -167,7 +167,7 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
           tx.createUser({ frontendId: req.frontend.id, login, passwordHash, authcode: newAuthcode(), now: t }),
         );
         if (!user) throw new ApiError('signup-fail-already-exists');
-        await startSession(req, reply, store, config, user.id, t);
+        await startSession(req, reply, store, config, user.id, t, events);
         ctx.log.info({ event: 'account.created', frontend: req.frontend.id, userId: user.id });
         if (req.frontend.config.confirmationEmail) {
           // The account exists whatever the mail does; a failed mail can be sent again with resend.

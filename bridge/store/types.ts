@@ -9,6 +9,7 @@ import { z } from 'zod';
 import type { StorageState } from '../../lib/sqlite.js';
 import type { CmdStatusMessage, Version } from '../../protocol/index.js';
 import type { DeviceCredentials } from '../broker.js';
+import type { EventBus } from '../events/bus.js';
 import type { BridgeCommandState, NewBridgeCommand, StoredCommand } from '../commands/store.js';
 import type {
   ClaimOutcome,
@@ -271,8 +272,17 @@ export interface BridgeStore extends StoreTx {
    * which new rows fill before the file grows again). For metrics.
    */
   databaseSize(): Promise<{ bytes: number; freeBytes: number }>;
-  /** PostgreSQL's connection pool, for what the bridges share beyond the store (the attempt limits); SQLite: none. */
+  /**
+   * PostgreSQL's connection pool, for what the bridges share beyond the store (the attempt limits, the event bus);
+   * SQLite: none.
+   */
   readonly pool?: Pool;
+  /**
+   * An engine that keeps copies of rows other processes change (PostgreSQL's frontends) follows the event bus
+   * with it, and publishes its own such changes there (docs/scaling.md, "The event bus"); returns the function
+   * that stops that. SQLite: none (one bridge; its copies are rechecked every second).
+   */
+  useEvents?(bus: EventBus): () => void;
   /** Where enrolled devices' secret hashes are kept, for the embedded broker. */
   readonly credentials: DeviceCredentials;
   close(): Promise<void>;

@@ -76,6 +76,7 @@ describe('the bridge controller', () => {
   it('has its parts in start order, with the broker or the dynamic security manager its config asks for', () => {
     const names = (b: Bridge) => b.parts.map((p) => p.name);
     expect(names(compose().bridge)).toEqual([
+      'events',
       'mailer',
       'devices',
       'http',
@@ -90,6 +91,7 @@ describe('the bridge controller', () => {
     cleanups.push(() => rmSync(join(passwordFile, '..'), { recursive: true, force: true }));
     const external = { url: 'mqtt://127.0.0.1:1', username: 'bridge', passwordFile };
     expect(names(compose({ mqtt: external }).bridge)).toEqual([
+      'events',
       'mailer',
       'devices',
       'http',
@@ -99,6 +101,7 @@ describe('the bridge controller', () => {
       'sweep',
     ]);
     expect(names(compose({ mqtt: { ...external, dynsec: true } }).bridge)).toEqual([
+      'events',
       'mailer',
       'devices',
       'http',
@@ -151,6 +154,7 @@ describe('the bridge controller', () => {
     expect((err as PartError).part).toBe('broker');
     expect((err as PartError).message).toBe(`port ${mqttPort} is already in use; choose another with --mqtt-port N`);
     expect(calls).toEqual([
+      'start events',
       'start mailer',
       'start devices',
       'start http',
@@ -158,6 +162,7 @@ describe('the bridge controller', () => {
       'stop http',
       'stop devices',
       'stop mailer',
+      'stop events',
     ]);
     expect(await listening(httpPort)).toBe(false);
     await expect(

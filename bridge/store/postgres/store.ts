@@ -4,12 +4,14 @@
  * are those of the SQLite store (bridge/store/sqlite.ts and the stores it names), translated.
  *
  * - Nothing another bridge can change is kept in memory (devices, device objects, sessions, users); only the
- *   frontends are, for at most a second, as the SQLite store rechecks them.
+ *   frontends are, dropped when any bridge changes one (`frontend.changed` on the event bus, `useEvents`), and
+ *   read again after a second at most all the same.
  * - `write` runs its work in one transaction on one connection; outside it each statement is its own
  *   transaction, and a read-compare-write is one statement or takes a transaction of its own (`Conn.atomic`).
  */
 import type pg from 'pg';
 import type { Logger } from '../../../lib/log.js';
+import type { EventBus } from '../../events/bus.js';
 import type { StorageState } from '../../../lib/sqlite.js';
 import { safeUrl } from '../../../lib/url.js';
 import type { DeviceCredentials } from '../../broker.js';
@@ -124,8 +126,10 @@ const USER_PATCH_COLUMNS: Record<keyof UserPatch, string> = {
 export const FRONTEND_RECHECK_MS = 1000;
 
 /**
- * The frontends, read at most once a second from the pool (committed state only); every write of a frontend
- * through this process drops them once it is committed. A read that began before such a drop keeps nothing.
+ * The frontends, read at most once a second from the pool (committed state only). Every write of a frontend
+ * through this process drops them once it is committed, and announces it on the event bus; a `frontend.changed`
+ * from another bridge, or a `bus.resync`, drops them too (docs/scaling.md, "The event bus"). The one-second
+ * recheck stays, for a change whose event was lost. A read that began before a drop keeps nothing.
  */
 class FrontendCache {
   private byId = new Map<string, Frontend>();
@@ -133,8 +137,36 @@ class FrontendCache {
   private loadedAt = -Infinity;
   private generation = 0;
   private loading: Promise<void> | undefined;
+  private events: EventBus | undefined;
+  private unsubscribe: (() => void) | undefined;
+  /** Reads from the database, for tests: the count of loads. */
+  loads = 0;
 
   constructor(private readonly pool: Conn) {}
+
+  /** Follows `bus` (instead of the one followed before); returns the function that stops following it. */
+  follow(bus: EventBus): () => void {
+    this.unsubscribe?.();
+    this.events = bus;
+    const off = bus.subscribe((e) => {
+      if (e.type === 'frontend.changed' || e.type === 'bus.resync') this.invalidate();
+    });
+    const stop = () => {
+      off();
+      if (this.events === bus) {
+        this.events = undefined;
+        this.unsubscribe = undefined;
+      }
+    };
+    this.unsubscribe = stop;
+    return stop;
+  }
+
+  /** A frontend was written and committed: dropped here, announced to every bridge (this one's cache included). */
+  changed(id: string): void {
+    this.invalidate();
+    this.events?.publish({ type: 'frontend.changed', id });
+  }
 
   async frontend(id: string): Promise<Frontend | undefined> {
     await this.fresh();
@@ -160,6 +192,7 @@ class FrontendCache {
 
   private async load(): Promise<void> {
     const generation = this.generation;
+    this.loads++;
     try {
       const r = await this.pool.query<FrontendRow>('SELECT * FROM frontends ORDER BY created_at, id');
       if (generation !== this.generation) return;
@@ -191,10 +224,10 @@ class PgTx implements StoreTx {
     this.fwJobs = new PgFwJobRepo(conn);
   }
 
-  /** After a change to frontends: read them again, once it is committed. */
-  private frontendsChanged(): void {
+  /** After a change to frontend `id`: read them again, and say so on the event bus, once it is committed. */
+  private frontendsChanged(id: string): void {
     this.frontendCache.invalidate();
-    this.conn.afterCommit(() => this.frontendCache.invalidate());
+    this.conn.afterCommit(() => this.frontendCache.changed(id));
   }
 
   // ---- frontends ----
@@ -204,7 +237,7 @@ class PgTx implements StoreTx {
       'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES ($1, $2, $3, $4, $5)',
       [f.id, f.name, JSON.stringify(f.config), f.isDefault, f.createdAt],
     );
-    this.frontendsChanged();
+    this.frontendsChanged(f.id);
   }
 
   /** Outside a transaction from the frontends kept for a second; inside one from the transaction (it may have made it). */
@@ -231,7 +264,7 @@ class PgTx implements StoreTx {
       name ?? null,
       id,
     ]);
-    this.frontendsChanged();
+    if ((r.rowCount ?? 0) > 0) this.frontendsChanged(id);
     return (r.rowCount ?? 0) > 0;
   }
 
@@ -241,7 +274,7 @@ class PgTx implements StoreTx {
       'UPDATE frontends SET is_default = (id = $1) WHERE EXISTS (SELECT 1 FROM frontends WHERE id = $1)',
       [id],
     );
-    this.frontendsChanged();
+    if ((r.rowCount ?? 0) > 0) this.frontendsChanged(id);
     return (r.rowCount ?? 0) > 0;
   }
 
@@ -412,6 +445,20 @@ export class PostgresStore extends PgTx implements BridgeStore {
       (conn) => work(new PgTx(conn, this.frontendCache, this.dataDir)),
       options?.durable ?? true,
     );
+  }
+
+  /**
+   * The event bus the frontends follow (docs/scaling.md, "The event bus"): their copy is dropped on any bridge's
+   * `frontend.changed` and on `bus.resync`, and this store's frontend writes are published on it once committed.
+   * Returns the function that stops following it.
+   */
+  useEvents(bus: EventBus): () => void {
+    return this.frontendCache.follow(bus);
+  }
+
+  /** How many times the frontends were read from the database (tests: the one-second recheck did not run). */
+  get frontendLoads(): number {
+    return this.frontendCache.loads;
   }
 
   get storage(): StorageState {
