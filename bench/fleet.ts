@@ -71,7 +71,9 @@ const SCENARIOS: Record<Scenario, string> = {
 };
 
 /** Devices by default: scenario a the issue's 10,000; b and c fewer, so that a run takes a few minutes. */
-const DEFAULT_DEVICES: Record<Scenario, number> = { a: 10_000, b: 5_000, c: 5_000 };
+const DEFAULT_DEVICES: Record<Scenario, number> = { a: 10_000, b: 2_000, c: 2_000 };
+/** The rate search's first step by default: b and c keep up with less than a. */
+const DEFAULT_SEARCH_FROM: Record<Scenario, number> = { a: 500, b: 200, c: 200 };
 
 interface Options {
   scenario: Scenario;
@@ -96,17 +98,20 @@ interface Options {
   nodeArgs: string[];
   /** The PostgreSQL server on which b and c make their database (and drop it). */
   databaseUrl: string;
+  /** b and c: each bridge's `database.poolSize`; undefined leaves the bridge's default. */
+  poolSize: number | undefined;
 }
 
 const USAGE = `options:
   --scenario a|b|c      a: one bridge, SQLite, embedded broker (default); b: one bridge, PostgreSQL, Mosquitto;
                         c: two bridges, PostgreSQL, Mosquitto, measured beside b in the same run
-  --devices N           simulated devices (default 10000 for a, 5000 for b and c)
+  --devices N           simulated devices (default 10000 for a, 2000 for b and c)
   --rate N              pushes per second, all devices together, in the steady phase (default 1000)
   --duration S          measured seconds of the steady phase (default 10)
   --warmup S            unmeasured seconds before it (default 2)
   --step-s S            measured seconds of each step of the rate search (default 4)
-  --search-from N       the search's first rate (default 500); each step is 1.5 times the last
+  --search-from N       the search's first rate (default 500 for a, 200 for b and c); each step is 1.5 times
+                        the last
   --search-max N        the search's highest rate (default 8000)
   --no-search           skip the rate search
   --no-baseline         skip the bare broker (for profiling runs)
@@ -121,7 +126,8 @@ const USAGE = `options:
   --cpu-prof            write a V8 CPU profile of the bridge to .bench/profiles/
   --node-arg=ARG        pass ARG to node when starting the bridge (repeatable)
   --database-url URL    b and c: the PostgreSQL server where the benchmark makes its database and drops it
-                        (default ${DEFAULT_SERVER_URL})`;
+                        (default ${DEFAULT_SERVER_URL})
+  --pool-size N         b and c: each bridge's database.poolSize (default: the bridge's own)`;
 
 function parseOptions(args: string[]): Options {
   let v;
@@ -137,7 +143,7 @@ function parseOptions(args: string[]): Options {
         duration: { type: 'string', default: '10' },
         warmup: { type: 'string', default: '2' },
         'step-s': { type: 'string', default: '4' },
-        'search-from': { type: 'string', default: '500' },
+        'search-from': { type: 'string' },
         'search-max': { type: 'string', default: '8000' },
         'no-search': { type: 'boolean', default: false },
         'no-baseline': { type: 'boolean', default: false },
@@ -152,6 +158,7 @@ function parseOptions(args: string[]): Options {
         'cpu-prof': { type: 'boolean', default: false },
         'node-arg': { type: 'string', multiple: true, default: [] },
         'database-url': { type: 'string', default: DEFAULT_SERVER_URL },
+        'pool-size': { type: 'string' },
       },
     }).values;
   } catch (err) {
@@ -175,7 +182,7 @@ function parseOptions(args: string[]): Options {
     durationS: int('duration', v.duration, 1),
     warmupS: int('warmup', v.warmup, 0),
     stepS: int('step-s', v['step-s'], 1),
-    searchFrom: int('search-from', v['search-from'], 1),
+    searchFrom: int('search-from', v['search-from'] ?? String(DEFAULT_SEARCH_FROM[scenario]), 1),
     searchMax: int('search-max', v['search-max'], 1),
     search: !v['no-search'],
     baseline: !v['no-baseline'],
@@ -190,6 +197,7 @@ function parseOptions(args: string[]): Options {
     cpuProf: v['cpu-prof'],
     nodeArgs: v['node-arg'],
     databaseUrl: v['database-url'],
+    poolSize: v['pool-size'] === undefined ? undefined : int('pool-size', v['pool-size'], 1),
   };
   if (opts.own > opts.devices) throw new UsageError(`--own must not exceed --devices\n${USAGE}`);
   return opts;
@@ -423,7 +431,11 @@ async function startPostgresCloud(
       if (count > 1) Object.assign(mqtt, { shareGroup: group, sessionExpirySec: 10 });
       writeFileSync(
         join(dataDir, 'bridge.yaml'),
-        JSON.stringify({ accounts: { scryptLogN: SCRYPT.logN }, database: { url: db.url }, mqtt }),
+        JSON.stringify({
+          accounts: { scryptLogN: SCRYPT.logN },
+          database: { url: db.url, ...(opts.poolSize !== undefined && { poolSize: opts.poolSize }) },
+          mqtt,
+        }),
       );
       return spawnBridgeProcess(
         {
@@ -1039,7 +1051,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
         own: opts.own,
         logLevel: opts.logLevel,
         tmp: opts.tmp,
-        ...(opts.scenario !== 'a' && { databaseUrl: safeUrl(opts.databaseUrl) }),
+        ...(opts.scenario !== 'a' && { databaseUrl: safeUrl(opts.databaseUrl), poolSize: opts.poolSize ?? null }),
       },
       seedMs: round(seedMs),
       bridge,
