@@ -521,6 +521,30 @@ interface PushFigures {
   cores: Record<string, number>;
 }
 
+/** A cloud busier than this (cores, the bridges and what is beside them) is still working off a backlog. */
+const IDLE_CORES = 0.15;
+const IDLE_WAIT_MS = 180_000;
+
+/**
+ * Waits until the cloud is idle: a phase it did not keep up with leaves messages queued at the broker and in the
+ * bridge, which would otherwise be worked off during the next phase and count against it.
+ */
+async function waitIdle(target: Deployment): Promise<void> {
+  const busy = () => cpuOf(target.pids) + target.others.reduce((s, o) => s + o.cpuMs(), 0);
+  const t0 = performance.now();
+  for (;;) {
+    const b0 = busy();
+    await sleep(1000);
+    if (busy() - b0 < IDLE_CORES * 1000) break;
+    if (performance.now() - t0 > IDLE_WAIT_MS) {
+      console.log(`  ${target.label}: still busy after ${IDLE_WAIT_MS / 1000} s; going on`);
+      return;
+    }
+  }
+  const waited = performance.now() - t0;
+  if (waited > 1500) console.log(`  ${target.label}: waited ${round(waited / 1000)} s for its backlog`);
+}
+
 async function pushPhase(
   sim: SimFleet,
   target: Deployment,
@@ -528,6 +552,7 @@ async function pushPhase(
   warmupMs: number,
   durationMs: number,
 ): Promise<PushFigures> {
+  await waitIdle(target);
   const cpu0 = cpuOf(target.pids);
   const others0 = target.others.map((o) => o.cpuMs());
   const machine0 = machineBusyMs();
@@ -610,10 +635,14 @@ async function searchRate(sim: SimFleet, target: Deployment, opts: Options): Pro
   if (good !== undefined && bad !== undefined) {
     const mid = Math.round((good + bad) / 2);
     if (mid > good && mid < bad && (await tryRate(mid))) good = mid;
-  } else if (good === undefined && bad !== undefined && bad > 1) {
-    // Even the first step was too much: one step at a third of it.
-    const low = Math.max(1, Math.round(bad / 3));
-    if (await tryRate(low)) good = low;
+  } else if (good === undefined && bad !== undefined) {
+    // Even the first step was too much: steps of a third of it, three at most, down to 5/s.
+    for (let low = Math.round(bad / 3), tries = 0; low >= 5 && tries < 3; low = Math.round(low / 3), tries++) {
+      if (await tryRate(low)) {
+        good = low;
+        break;
+      }
+    }
   }
   return { best: good, steps };
 }
@@ -637,15 +666,18 @@ interface TargetFigures {
   restIdle: Lat | undefined;
   restDuring: Lat | undefined;
   restErrors: number;
+  /** Answers of the probe while pushing, by status (`failed`: no answer). */
+  restStatuses: Record<string, number>;
   steady: PushFigures;
   search: SearchFigures | undefined;
 }
 
-function restLat(run: ProbeRun): { lat: Lat; errors: number } {
+function restLat(run: ProbeRun): { lat: Lat; errors: number; statuses: Record<string, number> } {
   const other = Object.entries(run.statuses)
     .filter(([code]) => code !== '200')
     .reduce((s, [, n]) => s + n, 0);
-  return { lat: lat(run.latencies), errors: other + run.errors };
+  const statuses = { ...run.statuses, ...(run.errors > 0 && { failed: run.errors }) };
+  return { lat: lat(run.latencies), errors: other + run.errors, statuses };
 }
 
 /** Connects the fleet to a deployment and takes every figure. */
@@ -689,6 +721,7 @@ async function measure(
   let restIdle: Lat | undefined;
   let restDuring: Lat | undefined;
   let restErrors = 0;
+  let restStatuses: Record<string, number> = {};
   // With several bridges, the probe's rate is shared among them (round robin, in effect), its samples merged.
   const probeFor = async (ms: number): Promise<ProbeRun> => {
     const runs = await Promise.all(
@@ -728,6 +761,7 @@ async function measure(
     const d = restLat(during);
     restDuring = d.lat;
     restErrors += d.errors;
+    restStatuses = d.statuses;
   }
   console.log(
     `  steady ${opts.rate}/s: p50 ${steady.latency.p50} ms, p99 ${steady.latency.p99} ms` +
@@ -763,6 +797,7 @@ async function measure(
     restIdle,
     restDuring,
     restErrors,
+    restStatuses,
     steady,
     search,
   };
@@ -913,7 +948,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     },
     {
       figure: `GET /0/devices/<id> p99 while pushing (ms)`,
-      measured: `${f(bridge.restDuring?.p99)}${bridge.restErrors > 0 ? ` (${bridge.restErrors} not 200)` : ''}`,
+      measured:
+        `${f(bridge.restDuring?.p99)}` +
+        (bridge.restErrors > 0
+          ? ` (${bridge.restErrors} not 200: ${Object.entries(bridge.restStatuses)
+              .filter(([k]) => k !== '200')
+              .map(([k, n]) => `${k} ×${n}`)
+              .join(', ')})`
+          : ''),
       baseline: `${f(bridge.restIdle?.p99)} quiet`,
       ratio: ratio(bridge.restDuring?.p99, bridge.restIdle?.p99),
       target: `< ${TARGET.restP99Ms} ms`,
