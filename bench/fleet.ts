@@ -312,6 +312,26 @@ async function seedPostgres(url: string, dataDir: string, fleet: readonly SimDev
 
 // ---- deployments ----
 
+/** The warnings and errors in a bridge's log (JSON lines, pino's levels 40 to 60), counted as they come. */
+class LogTally {
+  count = 0;
+  readonly byEvent: Record<string, number> = {};
+  last: string | undefined;
+  private partial = '';
+
+  readonly feed = (chunk: Buffer): void => {
+    const lines = (this.partial + chunk.toString()).split('\n');
+    this.partial = lines.pop() ?? '';
+    for (const line of lines) {
+      if (!/"level":(40|50|60)/.test(line)) continue;
+      this.count++;
+      const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
+      this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
+      this.last = line.slice(0, 600);
+    }
+  };
+}
+
 /** What the simulator runs against: where devices connect, the REST API, and the processes measured. */
 interface Deployment {
   label: string;
@@ -324,6 +344,8 @@ interface Deployment {
   others: Array<{ label: string; cpuMs: () => number; rss?: () => number }>;
   /** The tail of what the bridges logged, for a failure. */
   output(): string;
+  /** The bridges' warnings and errors; none for the baseline. */
+  tally?: LogTally;
   stop(): Promise<void>;
 }
 
@@ -373,6 +395,7 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
     cpuProfDir = join(ROOT, '.bench/profiles');
     mkdirSync(cpuProfDir, { recursive: true });
   }
+  const tally = new LogTally();
   const bridge = await spawnBridgeProcess(
     {
       runtime: prepared.runtime,
@@ -381,6 +404,7 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
       nodeArgs: opts.nodeArgs,
       // Provisioned devices only; the log as the service writes it unless told otherwise.
       args: ['--open-enrolment', 'false', '--log-level', opts.logLevel],
+      onOutput: tally.feed,
     },
     cleanup,
   );
@@ -391,6 +415,7 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
     pids: [bridge.pid],
     others: [],
     output: () => bridge.output(),
+    tally,
     stop: () => bridge.stop(),
   };
 }
@@ -422,6 +447,7 @@ async function startPostgresCloud(
     mkdirSync(cpuProfDir, { recursive: true });
   }
   const group = `bench${randomBytes(3).toString('hex')}`;
+  const tally = new LogTally();
   const bridges = await Promise.all(
     Array.from({ length: count }, async (_, i) => {
       const dataDir = join(tmp, `bridge-${db.name}-${i}`);
@@ -445,6 +471,7 @@ async function startPostgresCloud(
           nodeArgs: opts.nodeArgs,
           args: ['--open-enrolment', 'false', '--log-level', opts.logLevel],
           externalMqttUrl: mosquitto.url,
+          onOutput: tally.feed,
         },
         cleanup,
       );
@@ -464,6 +491,7 @@ async function startPostgresCloud(
       http: bridges.map((b) => b.url),
       pids: bridges.map((b) => b.pid),
       others,
+      tally,
       output: () => bridges.map((b, i) => (count > 1 ? `bridge ${i}:\n` : '') + b.output()).join('\n'),
       stop: async () => {
         await Promise.all(bridges.map((b) => b.stop()));
@@ -668,6 +696,8 @@ interface TargetFigures {
   restErrors: number;
   /** Answers of the probe while pushing, by status (`failed`: no answer). */
   restStatuses: Record<string, number>;
+  /** Scenario c's one bridge: what it logged at warn and above (the two bridges' are the JSON's own). */
+  warnings?: { count: number; byEvent: Record<string, number> };
   steady: PushFigures;
   search: SearchFigures | undefined;
 }
@@ -845,15 +875,11 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     }
     const figures = await measure(deployment, devicesFile, fleet, opts, cleanup, { cookie, path: restPath });
     await deployment.stop();
-    const warnings = deployment
-      .output()
-      .split('\n')
-      .filter((l) => l.includes('"level":40') || l.includes('"level":50') || l.includes('"level":60'));
-    return { figures, warnings };
+    return { figures, warnings: deployment.tally! };
   };
   let seedMs: number;
   let single: TargetFigures;
-  let logLines: string[];
+  let logLines: LogTally;
   if (opts.scenario === 'a') {
     const dataDir = join(tmp, 'bridge');
     seedMs = await seedBridge(dataDir, fleet, opts.own);
@@ -870,7 +896,9 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     const c = await startPostgresCloud(2, tmp, fleet, opts, cleanup);
     const m = await measureCloud(c.deployment);
     two = bridge = m.figures;
-    logLines = [...logLines, ...m.warnings];
+    // The figures are the two bridges'; so are the warnings (the one bridge's are in its own figures).
+    single.warnings = { count: logLines.count, byEvent: logLines.byEvent };
+    logLines = m.warnings;
   }
 
   // 3. Figures.
@@ -1071,8 +1099,17 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       `rate search, bare:   ${bare.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
     );
   }
-  if (logLines.length > 0)
-    console.log(`the bridge logged ${logLines.length} warnings or errors; last: ${logLines.at(-1)}`);
+  if (single.warnings && single.warnings.count > 0) {
+    console.log(
+      `one bridge logged ${single.warnings.count} warnings or errors: ${JSON.stringify(single.warnings.byEvent)}`,
+    );
+  }
+  if (logLines.count > 0) {
+    console.log(
+      `the bridge${two ? 's' : ''} logged ${logLines.count} warnings or errors: ${JSON.stringify(logLines.byEvent)}; ` +
+        `last: ${logLines.last}`,
+    );
+  }
   if (opts.cpuProf) console.log(`bridge CPU profile written to ${join(ROOT, '.bench/profiles')}`);
   console.log(
     JSON.stringify({
@@ -1106,7 +1143,8 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
         },
       }),
       bare: bare ?? null,
-      bridgeWarnings: logLines.length,
+      bridgeWarnings: logLines.count,
+      bridgeWarningsByEvent: logLines.byEvent,
       target: TARGET,
       met,
       allMet,

@@ -42,6 +42,8 @@ export interface BridgeProcessOptions {
    * then no embedded broker's port is given, and this is the returned `mqttUrl`.
    */
   externalMqttUrl?: string;
+  /** Sees everything the bridge writes to stdout and stderr (the log), not only the tail `output()` keeps. */
+  onOutput?: (chunk: Buffer) => void;
 }
 
 function keepTail(proc: ChildProcess): () => string {
@@ -102,6 +104,10 @@ export async function spawnBridgeProcess(
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const output = keepTail(proc);
+  if (opts.onOutput) {
+    proc.stdout?.on('data', opts.onOutput);
+    proc.stderr?.on('data', opts.onOutput);
+  }
   // The bridge waits up to 5 s for open requests before it exits on SIGTERM (a profile is written then).
   const stop = () => stopChild(proc, 15_000);
   cleanup.add('stop the bridge', stop);
