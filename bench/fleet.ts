@@ -312,7 +312,7 @@ async function seedPostgres(url: string, dataDir: string, fleet: readonly SimDev
 
 // ---- deployments ----
 
-/** The warnings and errors in a bridge's log (JSON lines, pino's levels 40 to 60), counted as they come. */
+/** The warnings and errors in a bridge's log (JSON lines, levels warn to fatal), counted as they come. */
 class LogTally {
   count = 0;
   readonly byEvent: Record<string, number> = {};
@@ -323,7 +323,8 @@ class LogTally {
     const lines = (this.partial + chunk.toString()).split('\n');
     this.partial = lines.pop() ?? '';
     for (const line of lines) {
-      if (!/"level":(40|50|60)/.test(line)) continue;
+      // The bridge writes the level's label (lib/log.ts); pino's own numbers as well, for another logger.
+      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")\b/.test(line)) continue;
       this.count++;
       const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
       this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
