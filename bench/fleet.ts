@@ -324,7 +324,7 @@ class LogTally {
     this.partial = lines.pop() ?? '';
     for (const line of lines) {
       // The bridge writes the level's label (lib/log.ts); pino's own numbers as well, for another logger.
-      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")\b/.test(line)) continue;
+      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")[,}]/.test(line)) continue;
       this.count++;
       const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
       this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
