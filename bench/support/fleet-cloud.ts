@@ -50,9 +50,11 @@ function parentOf(pid: number): number | undefined {
 /** An empty database `devcloud_bench_fleet_<random>` on the server of `serverUrl`; dropped by cleanup too. */
 export async function createBenchDatabase(serverUrl: string, cleanup: Cleanup): Promise<BenchDatabase> {
   const name = `devcloud_bench_fleet_${randomBytes(4).toString('hex')}`;
-  const backendPid = await onServer(serverUrl, async (c) => {
+  const postmaster = await onServer(serverUrl, async (c) => {
     await c.query(`CREATE DATABASE ${quote(name)}`);
-    return (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid;
+    const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid;
+    // While the connection is open: its backend exits with it.
+    return pid === undefined ? undefined : parentOf(pid);
   });
   const u = new URL(serverUrl);
   u.pathname = `/${encodeURIComponent(name)}`;
@@ -80,7 +82,7 @@ export async function createBenchDatabase(serverUrl: string, cleanup: Cleanup): 
   return {
     name,
     url: u.toString(),
-    postmasterPid: local && backendPid !== undefined ? parentOf(backendPid) : undefined,
+    postmasterPid: local ? postmaster : undefined,
     drop,
   };
 }
