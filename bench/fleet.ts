@@ -13,7 +13,7 @@
  * See bench/README.md.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -512,6 +512,15 @@ function cpuOf(pids: readonly number[]): number {
   return pids.reduce((s, pid) => s + readCpuMs(pid), 0);
 }
 
+/** Fails with what the target wrote last when one of its processes has exited (a crash under load). */
+function alive(target: Deployment): void {
+  for (const pid of target.pids) {
+    if (!existsSync(`/proc/${pid}`)) {
+      throw new Error(`${target.label}: process ${pid} exited; its last output:\n${target.output().slice(-2000)}`);
+    }
+  }
+}
+
 function rssOf(pids: readonly number[]): number {
   return pids.reduce((s, pid) => s + readRss(pid).rss, 0);
 }
@@ -582,6 +591,7 @@ async function pushPhase(
   durationMs: number,
 ): Promise<PushFigures> {
   await waitIdle(target);
+  alive(target);
   const cpu0 = cpuOf(target.pids);
   const others0 = target.others.map((o) => o.cpuMs());
   const machine0 = machineBusyMs();
@@ -589,6 +599,7 @@ async function pushPhase(
   const t0 = performance.now();
   const r: PushReport = await sim.push(rate, warmupMs, durationMs, 5000);
   const wall = performance.now() - t0;
+  alive(target);
   const cpu = cpuOf(target.pids) - cpu0;
   const others = target.others.map((o, i) => ({ label: o.label, ms: o.cpuMs() - others0[i]! }));
   const simMs = sim.cpuMs() - sim0;
