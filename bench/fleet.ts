@@ -4,26 +4,37 @@
  * `--scenario`:
  *
  * - `a`: one bridge as the service runs it (a child process from `dist/`) with SQLite and its embedded broker;
- * - `b`: one bridge with PostgreSQL and Mosquitto, and `c`: two bridges with PostgreSQL and Mosquitto: not built
- *   yet (they need the PostgreSQL store).
+ * - `b`: one bridge with PostgreSQL and a private Mosquitto;
+ * - `c`: two bridges with PostgreSQL and Mosquitto, in one MQTT 5 share group (docs/scaling.md); the same run
+ *   measures `b` too, so that the ratio of two bridges to one is taken on the machine as it is at that moment.
  *
  * Every figure is taken against the baseline in the same run: the same simulator against a bare aedes broker
  * that answers hellos and pushes as the bridge does on the wire, with no work behind (support/fleet-echo-main.ts).
  * See bench/README.md.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { spawn } from 'node:child_process';
+import { pino } from 'pino';
+import { safeUrl } from '../lib/url.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
 import { hashSecret } from '../bridge/broker.js';
+import { openPostgresStore } from '../bridge/store/postgres/store.js';
 import { SqliteStore } from '../bridge/store/sqlite.js';
-import { ProductConfig } from '../bridge/store/types.js';
+import { type BridgeStore, ProductConfig } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import {
+  DEFAULT_SERVER_URL,
+  PostgresCpu,
+  createBenchDatabase,
+  machineBusyMs,
+  startFleetMosquitto,
+} from './support/fleet-cloud.js';
 import { type ConnectReport, type PushReport, type SimDevice, SimFleet } from './support/fleet-sim.js';
 import { type ProbeRun, cookieOf, probe, send } from './support/http-load.js';
 import { ROOT, canConnect, readCpuMs, readRss, stopChild } from './support/processes.js';
@@ -56,8 +67,13 @@ type Scenario = 'a' | 'b' | 'c';
 const SCENARIOS: Record<Scenario, string> = {
   a: 'one bridge, SQLite, its embedded broker',
   b: 'one bridge, PostgreSQL, Mosquitto',
-  c: 'two bridges, PostgreSQL, Mosquitto',
+  c: 'two bridges, PostgreSQL, Mosquitto (and b in the same run, for the ratio)',
 };
+
+/** Devices by default: scenario a the issue's 10,000; b and c fewer, so that a run takes a few minutes. */
+const DEFAULT_DEVICES: Record<Scenario, number> = { a: 10_000, b: 2_000, c: 2_000 };
+/** The rate search's first step by default: b and c keep up with less than a. */
+const DEFAULT_SEARCH_FROM: Record<Scenario, number> = { a: 500, b: 200, c: 200 };
 
 interface Options {
   scenario: Scenario;
@@ -80,17 +96,22 @@ interface Options {
   source: boolean;
   cpuProf: boolean;
   nodeArgs: string[];
+  /** The PostgreSQL server on which b and c make their database (and drop it). */
+  databaseUrl: string;
+  /** b and c: each bridge's `database.poolSize`; undefined leaves the bridge's default. */
+  poolSize: number | undefined;
 }
 
 const USAGE = `options:
   --scenario a|b|c      a: one bridge, SQLite, embedded broker (default); b: one bridge, PostgreSQL, Mosquitto;
-                        c: two bridges, PostgreSQL, Mosquitto (b and c are not built yet)
-  --devices N           simulated devices (default 10000)
+                        c: two bridges, PostgreSQL, Mosquitto, measured beside b in the same run
+  --devices N           simulated devices (default 10000 for a, 2000 for b and c)
   --rate N              pushes per second, all devices together, in the steady phase (default 1000)
   --duration S          measured seconds of the steady phase (default 10)
   --warmup S            unmeasured seconds before it (default 2)
   --step-s S            measured seconds of each step of the rate search (default 4)
-  --search-from N       the search's first rate (default 500); each step is 1.5 times the last
+  --search-from N       the search's first rate (default 500 for a, 200 for b and c); each step is 1.5 times
+                        the last
   --search-max N        the search's highest rate (default 8000)
   --no-search           skip the rate search
   --no-baseline         skip the bare broker (for profiling runs)
@@ -103,7 +124,10 @@ const USAGE = `options:
   --tmp DIR             where the bridge's database goes (default the system's temp folder)
   --source              run the bridge from TypeScript through tsx instead of dist/
   --cpu-prof            write a V8 CPU profile of the bridge to .bench/profiles/
-  --node-arg=ARG        pass ARG to node when starting the bridge (repeatable)`;
+  --node-arg=ARG        pass ARG to node when starting the bridge (repeatable)
+  --database-url URL    b and c: the PostgreSQL server where the benchmark makes its database and drops it
+                        (default ${DEFAULT_SERVER_URL})
+  --pool-size N         b and c: each bridge's database.poolSize (default: the bridge's own)`;
 
 function parseOptions(args: string[]): Options {
   let v;
@@ -114,12 +138,12 @@ function parseOptions(args: string[]): Options {
       allowPositionals: false,
       options: {
         scenario: { type: 'string', default: 'a' },
-        devices: { type: 'string', default: '10000' },
+        devices: { type: 'string' },
         rate: { type: 'string', default: '1000' },
         duration: { type: 'string', default: '10' },
         warmup: { type: 'string', default: '2' },
         'step-s': { type: 'string', default: '4' },
-        'search-from': { type: 'string', default: '500' },
+        'search-from': { type: 'string' },
         'search-max': { type: 'string', default: '8000' },
         'no-search': { type: 'boolean', default: false },
         'no-baseline': { type: 'boolean', default: false },
@@ -133,6 +157,8 @@ function parseOptions(args: string[]): Options {
         source: { type: 'boolean', default: false },
         'cpu-prof': { type: 'boolean', default: false },
         'node-arg': { type: 'string', multiple: true, default: [] },
+        'database-url': { type: 'string', default: DEFAULT_SERVER_URL },
+        'pool-size': { type: 'string' },
       },
     }).values;
   } catch (err) {
@@ -151,12 +177,12 @@ function parseOptions(args: string[]): Options {
   }
   const opts: Options = {
     scenario,
-    devices: int('devices', v.devices, 1),
+    devices: int('devices', v.devices ?? String(DEFAULT_DEVICES[scenario]), 1),
     rate: int('rate', v.rate, 1),
     durationS: int('duration', v.duration, 1),
     warmupS: int('warmup', v.warmup, 0),
     stepS: int('step-s', v['step-s'], 1),
-    searchFrom: int('search-from', v['search-from'], 1),
+    searchFrom: int('search-from', v['search-from'] ?? String(DEFAULT_SEARCH_FROM[scenario]), 1),
     searchMax: int('search-max', v['search-max'], 1),
     search: !v['no-search'],
     baseline: !v['no-baseline'],
@@ -170,6 +196,8 @@ function parseOptions(args: string[]): Options {
     source: v.source,
     cpuProf: v['cpu-prof'],
     nodeArgs: v['node-arg'],
+    databaseUrl: v['database-url'],
+    poolSize: v['pool-size'] === undefined ? undefined : int('pool-size', v['pool-size'], 1),
   };
   if (opts.own > opts.devices) throw new UsageError(`--own must not exceed --devices\n${USAGE}`);
   return opts;
@@ -189,37 +217,40 @@ function makeFleet(n: number): SimDevice[] {
  * The bridge's database before it starts, through its own store: the default frontend, the user whose REST
  * requests are measured (owner of the first `own` devices), and every device provisioned with its secret and
  * auth code and with the `meta` a device has after its first hello, marked disconnected: the fleet reconnects,
- * as after an outage or a restart of the bridge. The config file sets a cheap scrypt for the one login.
+ * as after an outage or a restart of the bridge. The devices go in `chunks` transactions, `parallel` at a time
+ * (one for SQLite, whose writes are one at a time anyway; several for PostgreSQL, whose round trips they hide).
  */
-async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: number): Promise<number> {
-  const t0 = performance.now();
-  mkdirSync(dataDir, { recursive: true });
-  writeFileSync(join(dataDir, 'bridge.yaml'), `accounts:\n  scryptLogN: ${SCRYPT.logN}\n`);
+async function seedStore(
+  store: BridgeStore,
+  fleet: readonly SimDevice[],
+  own: number,
+  chunks: { size: number; parallel: number },
+): Promise<void> {
   const hasher = new PasswordHasher({ params: SCRYPT, maxConcurrent: 1, maxQueued: 0 });
   const passwordHash = await hasher.hash(PASSWORD);
-  const store = new SqliteStore(dataDir);
-  try {
-    const now = Date.now();
-    const frontend = {
-      id: randomUUID(),
-      name: 'default',
-      config: ProductConfig.parse({}),
-      isDefault: true,
-      createdAt: now,
-    };
-    await store.createFrontend(frontend);
-    const user = await store.write((tx) =>
-      tx.createUser({
-        frontendId: frontend.id,
-        login: LOGIN,
-        passwordHash,
-        authcode: randomBytes(16).toString('hex'),
-        now,
-      }),
-    );
-    if (!user) throw new Error('could not create the user');
-    await store.write(async ({ devices }) => {
-      for (const [i, d] of fleet.entries()) {
+  const now = Date.now();
+  const frontend = {
+    id: randomUUID(),
+    name: 'default',
+    config: ProductConfig.parse({}),
+    isDefault: true,
+    createdAt: now,
+  };
+  await store.createFrontend(frontend);
+  const user = await store.write((tx) =>
+    tx.createUser({
+      frontendId: frontend.id,
+      login: LOGIN,
+      passwordHash,
+      authcode: randomBytes(16).toString('hex'),
+      now,
+    }),
+  );
+  if (!user) throw new Error('could not create the user');
+  const seedChunk = (from: number) =>
+    store.write(async ({ devices }) => {
+      for (let i = from; i < Math.min(fleet.length, from + chunks.size); i++) {
+        const d = fleet[i]!;
         const t = now - 60_000;
         await devices.enroll(d.id, hashSecret(d.secret), t);
         await devices.setAuthcode(d.id, d.authcode);
@@ -241,6 +272,38 @@ async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: num
         await devices.setMeta(d.id, 'lastactivity', String(t), t, 'server', false);
       }
     });
+  let next = 0;
+  const worker = async () => {
+    while (next < fleet.length) {
+      const from = next;
+      next += chunks.size;
+      await seedChunk(from);
+    }
+  };
+  await Promise.all(Array.from({ length: chunks.parallel }, worker));
+}
+
+/** Scenario a: a data folder seeded through the SQLite store; the config file sets a cheap scrypt for the login. */
+async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: number): Promise<number> {
+  const t0 = performance.now();
+  mkdirSync(dataDir, { recursive: true });
+  writeFileSync(join(dataDir, 'bridge.yaml'), `accounts:\n  scryptLogN: ${SCRYPT.logN}\n`);
+  const store = new SqliteStore(dataDir);
+  try {
+    await seedStore(store, fleet, own, { size: fleet.length, parallel: 1 });
+  } finally {
+    await store.close();
+  }
+  return performance.now() - t0;
+}
+
+/** Scenarios b and c: the same through the PostgreSQL store, which migrates the fresh database first. */
+async function seedPostgres(url: string, dataDir: string, fleet: readonly SimDevice[], own: number): Promise<number> {
+  const t0 = performance.now();
+  mkdirSync(dataDir, { recursive: true });
+  const store = await openPostgresStore(url, pino({ level: 'warn' }), { dataDir, poolSize: 4 });
+  try {
+    await seedStore(store, fleet, own, { size: 250, parallel: 4 });
   } finally {
     await store.close();
   }
@@ -249,16 +312,41 @@ async function seedBridge(dataDir: string, fleet: readonly SimDevice[], own: num
 
 // ---- deployments ----
 
+/** The warnings and errors in a bridge's log (JSON lines, levels warn to fatal), counted as they come. */
+class LogTally {
+  count = 0;
+  readonly byEvent: Record<string, number> = {};
+  last: string | undefined;
+  private partial = '';
+
+  readonly feed = (chunk: Buffer): void => {
+    const lines = (this.partial + chunk.toString()).split('\n');
+    this.partial = lines.pop() ?? '';
+    for (const line of lines) {
+      // The bridge writes the level's label (lib/log.ts); pino's own numbers as well, for another logger.
+      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")[,}]/.test(line)) continue;
+      this.count++;
+      const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
+      this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
+      this.last = line.slice(0, 600);
+    }
+  };
+}
+
 /** What the simulator runs against: where devices connect, the REST API, and the processes measured. */
 interface Deployment {
   label: string;
   mqtt: Array<{ host: string; port: number }>;
   /** Base URLs of the bridges; none for the baseline. */
   http: string[];
-  /** The processes whose CPU and memory are the figures: the bridges (and brokers, when apart). */
+  /** The processes whose CPU and memory are the figures: the bridges (the bare broker for the baseline). */
   pids: number[];
+  /** What else works for the cloud on this machine, reported beside: Mosquitto, PostgreSQL. */
+  others: Array<{ label: string; cpuMs: () => number; rss?: () => number }>;
   /** The tail of what the bridges logged, for a failure. */
   output(): string;
+  /** The bridges' warnings and errors; none for the baseline. */
+  tally?: LogTally;
   stop(): Promise<void>;
 }
 
@@ -293,6 +381,7 @@ async function startEcho(cleanup: Cleanup): Promise<Deployment> {
     mqtt: [{ host: '127.0.0.1', port }],
     http: [],
     pids: [proc.pid!],
+    others: [],
     output: () => stderr,
     stop,
   };
@@ -307,6 +396,7 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
     cpuProfDir = join(ROOT, '.bench/profiles');
     mkdirSync(cpuProfDir, { recursive: true });
   }
+  const tally = new LogTally();
   const bridge = await spawnBridgeProcess(
     {
       runtime: prepared.runtime,
@@ -315,6 +405,7 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
       nodeArgs: opts.nodeArgs,
       // Provisioned devices only; the log as the service writes it unless told otherwise.
       args: ['--open-enrolment', 'false', '--log-level', opts.logLevel],
+      onOutput: tally.feed,
     },
     cleanup,
   );
@@ -323,8 +414,93 @@ async function startScenarioA(dataDir: string, opts: Options, cleanup: Cleanup):
     mqtt: [endpointOf(bridge.mqttUrl)],
     http: [bridge.url],
     pids: [bridge.pid],
+    others: [],
     output: () => bridge.output(),
+    tally,
     stop: () => bridge.stop(),
+  };
+}
+
+/**
+ * Scenarios b and c: `count` bridges from `dist/` on one fresh PostgreSQL database (made, seeded and at the end
+ * dropped here) and one private Mosquitto, each with its own data folder and `mqtt.clientId`; with more than one,
+ * in one share group (docs/scaling.md). Devices connect to Mosquitto; the REST API is each bridge's.
+ */
+async function startPostgresCloud(
+  count: number,
+  tmp: string,
+  fleet: readonly SimDevice[],
+  opts: Options,
+  cleanup: Cleanup,
+): Promise<{ deployment: Deployment; seedMs: number }> {
+  const db = await createBenchDatabase(opts.databaseUrl, cleanup);
+  const seedMs = await seedPostgres(db.url, join(tmp, `seed-${db.name}`), fleet, opts.own);
+  console.log(`database ${db.name}: seeded ${fleet.length} provisioned devices in ${round(seedMs / 1000)} s`);
+  // Every device's messages of a few seconds at the highest rate searched, for a bridge that falls behind.
+  const mosquitto = await startFleetMosquitto(fleet.length, Math.max(100_000, opts.searchMax * 20), cleanup);
+  const prepared = prepareBridge(opts.source);
+  console.log(
+    `${count} bridge${count > 1 ? 's' : ''} from ${prepared.runtime} (${prepared.note}), Mosquitto ${mosquitto.url}`,
+  );
+  let cpuProfDir: string | undefined;
+  if (opts.cpuProf) {
+    cpuProfDir = join(ROOT, '.bench/profiles');
+    mkdirSync(cpuProfDir, { recursive: true });
+  }
+  const group = `bench${randomBytes(3).toString('hex')}`;
+  const tally = new LogTally();
+  const bridges = await Promise.all(
+    Array.from({ length: count }, async (_, i) => {
+      const dataDir = join(tmp, `bridge-${db.name}-${i}`);
+      mkdirSync(dataDir, { recursive: true });
+      const mqtt: Record<string, unknown> = { url: mosquitto.url, clientId: `bench-bridge-${i}` };
+      // A lone bridge runs without a group, as docs/scaling.md advises; a lost member's share moves on after 10 s.
+      if (count > 1) Object.assign(mqtt, { shareGroup: group, sessionExpirySec: 10 });
+      writeFileSync(
+        join(dataDir, 'bridge.yaml'),
+        JSON.stringify({
+          accounts: { scryptLogN: SCRYPT.logN },
+          database: { url: db.url, ...(opts.poolSize !== undefined && { poolSize: opts.poolSize }) },
+          mqtt,
+        }),
+      );
+      return spawnBridgeProcess(
+        {
+          runtime: prepared.runtime,
+          dataDir,
+          cpuProfDir,
+          nodeArgs: opts.nodeArgs,
+          args: ['--open-enrolment', 'false', '--log-level', opts.logLevel],
+          externalMqttUrl: mosquitto.url,
+          onOutput: tally.feed,
+        },
+        cleanup,
+      );
+    }),
+  );
+  const pg = db.postmasterPid === undefined ? undefined : new PostgresCpu(db.postmasterPid, db.name);
+  const others: Deployment['others'] = [
+    { label: 'Mosquitto', cpuMs: () => readCpuMs(mosquitto.pid), rss: () => readRss(mosquitto.pid).rss },
+  ];
+  if (pg) others.push({ label: 'PostgreSQL', cpuMs: () => pg.cpuMs() });
+  else console.log('PostgreSQL runs elsewhere: its CPU is not measured');
+  return {
+    seedMs,
+    deployment: {
+      label: count > 1 ? `${count} bridges` : 'bridge',
+      mqtt: [endpointOf(mosquitto.url)],
+      http: bridges.map((b) => b.url),
+      pids: bridges.map((b) => b.pid),
+      others,
+      tally,
+      output: () => bridges.map((b, i) => (count > 1 ? `bridge ${i}:\n` : '') + b.output()).join('\n'),
+      stop: async () => {
+        await Promise.all(bridges.map((b) => b.stop()));
+        pg?.stop();
+        await mosquitto.stop();
+        await db.drop();
+      },
+    },
   };
 }
 
@@ -334,6 +510,15 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 function cpuOf(pids: readonly number[]): number {
   return pids.reduce((s, pid) => s + readCpuMs(pid), 0);
+}
+
+/** Fails with what the target wrote last when one of its processes has exited (a crash under load). */
+function alive(target: Deployment): void {
+  for (const pid of target.pids) {
+    if (!existsSync(`/proc/${pid}`)) {
+      throw new Error(`${target.label}: process ${pid} exited; its last output:\n${target.output().slice(-2000)}`);
+    }
+  }
 }
 
 function rssOf(pids: readonly number[]): number {
@@ -368,6 +553,34 @@ interface PushFigures {
   simLagP99Ms: number;
   lost: number;
   downItems: number;
+  /** Mosquitto's and PostgreSQL's CPU per acknowledged push (scenarios b and c), µs. */
+  othersCpuUsPerPush: Record<string, number>;
+  /** Cores busy over the phase: the measured processes, the others, the simulator, the whole machine. */
+  cores: Record<string, number>;
+}
+
+/** A cloud busier than this (cores, the bridges and what is beside them) is still working off a backlog. */
+const IDLE_CORES = 0.15;
+const IDLE_WAIT_MS = 180_000;
+
+/**
+ * Waits until the cloud is idle: a phase it did not keep up with leaves messages queued at the broker and in the
+ * bridge, which would otherwise be worked off during the next phase and count against it.
+ */
+async function waitIdle(target: Deployment): Promise<void> {
+  const busy = () => cpuOf(target.pids) + target.others.reduce((s, o) => s + o.cpuMs(), 0);
+  const t0 = performance.now();
+  for (;;) {
+    const b0 = busy();
+    await sleep(1000);
+    if (busy() - b0 < IDLE_CORES * 1000) break;
+    if (performance.now() - t0 > IDLE_WAIT_MS) {
+      console.log(`  ${target.label}: still busy after ${IDLE_WAIT_MS / 1000} s; going on`);
+      return;
+    }
+  }
+  const waited = performance.now() - t0;
+  if (waited > 1500) console.log(`  ${target.label}: waited ${round(waited / 1000)} s for its backlog`);
 }
 
 async function pushPhase(
@@ -377,21 +590,37 @@ async function pushPhase(
   warmupMs: number,
   durationMs: number,
 ): Promise<PushFigures> {
+  await waitIdle(target);
+  alive(target);
   const cpu0 = cpuOf(target.pids);
+  const others0 = target.others.map((o) => o.cpuMs());
+  const machine0 = machineBusyMs();
   const sim0 = sim.cpuMs();
   const t0 = performance.now();
   const r: PushReport = await sim.push(rate, warmupMs, durationMs, 5000);
   const wall = performance.now() - t0;
+  alive(target);
+  const cpu = cpuOf(target.pids) - cpu0;
+  const others = target.others.map((o, i) => ({ label: o.label, ms: o.cpuMs() - others0[i]! }));
+  const simMs = sim.cpuMs() - sim0;
+  const acked = Math.max(1, r.ackedTotal);
   return {
     rate,
     latency: lat(r.latencies),
     sent: r.sent,
     acked: r.acked,
-    cpuUsPerPush: round(((cpuOf(target.pids) - cpu0) * 1000) / Math.max(1, r.ackedTotal)),
-    simCores: round((sim.cpuMs() - sim0) / wall),
+    cpuUsPerPush: round((cpu * 1000) / acked),
+    simCores: round(simMs / wall),
     simLagP99Ms: round(r.lagP99Ms),
     lost: r.lost,
     downItems: r.downItems,
+    othersCpuUsPerPush: Object.fromEntries(others.map((o) => [o.label, round((o.ms * 1000) / acked)])),
+    cores: {
+      [target.label]: round(cpu / wall),
+      ...Object.fromEntries(others.map((o) => [o.label, round(o.ms / wall)])),
+      simulator: round(simMs / wall),
+      machine: round((machineBusyMs() - machine0) / wall),
+    },
   };
 }
 
@@ -405,6 +634,7 @@ interface SearchFigures {
     acked: string;
     cpuUsPerPush: number;
     simCores: number;
+    cores: Record<string, number>;
     ok: boolean;
   }>;
 }
@@ -422,10 +652,14 @@ async function searchRate(sim: SimFleet, target: Deployment, opts: Options): Pro
       acked: `${f.acked}/${f.sent}`,
       cpuUsPerPush: f.cpuUsPerPush,
       simCores: f.simCores,
+      cores: f.cores,
       ok,
     });
+    const cores = Object.entries(f.cores)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ');
     console.log(
-      `  ${target.label} at ${rate}/s: p50 ${f.latency.p50} ms, p99 ${f.latency.p99} ms, ${f.acked}/${f.sent} acked`,
+      `  ${target.label} at ${rate}/s: p50 ${f.latency.p50} ms, p99 ${f.latency.p99} ms, ${f.acked}/${f.sent} acked; cores: ${cores}`,
     );
     return ok;
   };
@@ -441,10 +675,14 @@ async function searchRate(sim: SimFleet, target: Deployment, opts: Options): Pro
   if (good !== undefined && bad !== undefined) {
     const mid = Math.round((good + bad) / 2);
     if (mid > good && mid < bad && (await tryRate(mid))) good = mid;
-  } else if (good === undefined && bad !== undefined && bad > 1) {
-    // Even the first step was too much: one step at a third of it.
-    const low = Math.max(1, Math.round(bad / 3));
-    if (await tryRate(low)) good = low;
+  } else if (good === undefined && bad !== undefined) {
+    // Even the first step was too much: steps of a third of it, three at most, down to 5/s.
+    for (let low = Math.round(bad / 3), tries = 0; low >= 5 && tries < 3; low = Math.round(low / 3), tries++) {
+      if (await tryRate(low)) {
+        good = low;
+        break;
+      }
+    }
   }
   return { best: good, steps };
 }
@@ -458,21 +696,30 @@ interface TargetFigures {
     connack: Lat;
     ready: Lat;
     cpuUsPerDevice: number;
+    /** Mosquitto's and PostgreSQL's CPU per device connected (b and c), µs. */
+    othersCpuUsPerDevice: Record<string, number>;
     simCores: number;
   };
   rss: { before: number; connected: number; settled: number; bytesPerDevice: number };
+  /** Mosquitto's resident size per idle connected device, the same way (b and c), bytes. */
+  othersBytesPerDevice: Record<string, number>;
   restIdle: Lat | undefined;
   restDuring: Lat | undefined;
   restErrors: number;
+  /** Answers of the probe while pushing, by status (`failed`: no answer). */
+  restStatuses: Record<string, number>;
+  /** Scenario c's one bridge: what it logged at warn and above (the two bridges' are the JSON's own). */
+  warnings?: { count: number; byEvent: Record<string, number> };
   steady: PushFigures;
   search: SearchFigures | undefined;
 }
 
-function restLat(run: ProbeRun): { lat: Lat; errors: number } {
+function restLat(run: ProbeRun): { lat: Lat; errors: number; statuses: Record<string, number> } {
   const other = Object.entries(run.statuses)
     .filter(([code]) => code !== '200')
     .reduce((s, [, n]) => s + n, 0);
-  return { lat: lat(run.latencies), errors: other + run.errors };
+  const statuses = { ...run.statuses, ...(run.errors > 0 && { failed: run.errors }) };
+  return { lat: lat(run.latencies), errors: other + run.errors, statuses };
 }
 
 /** Connects the fleet to a deployment and takes every figure. */
@@ -492,11 +739,15 @@ async function measure(
   // Memory before: the process idle, no device connected.
   await sleep(1000);
   const rssBefore = rssOf(target.pids);
+  const withRss = target.others.filter((o) => o.rss);
+  const othersRssBefore = withRss.map((o) => o.rss!());
   const cpu0 = cpuOf(target.pids);
+  const others0 = target.others.map((o) => o.cpuMs());
   const sim0 = sim.cpuMs();
   const c = await sim.connect(opts.connectWindow, 60_000, 3);
   const seconds = (c.lastReady - c.firstStart) / 1000;
   const connectCpu = cpuOf(target.pids) - cpu0;
+  const othersConnectCpu = target.others.map((o, i) => [o.label, o.cpuMs() - others0[i]!] as const);
   const connectSim = sim.cpuMs() - sim0;
   if (c.connected < fleet.length) {
     throw new Error(
@@ -507,17 +758,34 @@ async function measure(
   const rssConnected = rssOf(target.pids);
   await sleep(opts.settleS * 1000);
   const rssSettled = rssOf(target.pids);
+  const othersRssSettled = withRss.map((o) => o.rss!());
 
   let restIdle: Lat | undefined;
   let restDuring: Lat | undefined;
   let restErrors = 0;
-  const probeFor = (ms: number) =>
-    probe({
-      url: `${target.http[0]}${rest!.path}`,
-      headers: { cookie: rest!.cookie },
-      rate: opts.probeRate,
-      durationMs: ms,
-    });
+  let restStatuses: Record<string, number> = {};
+  // With several bridges, the probe's rate is shared among them (round robin, in effect), its samples merged.
+  const probeFor = async (ms: number): Promise<ProbeRun> => {
+    const runs = await Promise.all(
+      target.http.map((base) =>
+        probe({
+          url: `${base}${rest!.path}`,
+          headers: { cookie: rest!.cookie },
+          rate: opts.probeRate / target.http.length,
+          durationMs: ms,
+        }),
+      ),
+    );
+    if (runs.length === 1) return runs[0]!;
+    const statuses: Record<string, number> = {};
+    for (const r of runs) for (const [k, n] of Object.entries(r.statuses)) statuses[k] = (statuses[k] ?? 0) + n;
+    return {
+      latencies: runs.flatMap((r) => r.latencies),
+      sent: runs.reduce((s, r) => s + r.sent, 0),
+      statuses,
+      errors: runs.reduce((s, r) => s + r.errors, 0),
+    };
+  };
   if (rest) {
     // Warm the route, then the baseline of the REST figure: the same bridge and fleet, connected and quiet.
     await probeFor(1000);
@@ -535,6 +803,7 @@ async function measure(
     const d = restLat(during);
     restDuring = d.lat;
     restErrors += d.errors;
+    restStatuses = d.statuses;
   }
   console.log(
     `  steady ${opts.rate}/s: p50 ${steady.latency.p50} ms, p99 ${steady.latency.p99} ms` +
@@ -553,6 +822,9 @@ async function measure(
       connack: lat(connackMs),
       ready: lat(readyMs),
       cpuUsPerDevice: round((connectCpu * 1000) / c.connected),
+      othersCpuUsPerDevice: Object.fromEntries(
+        othersConnectCpu.map(([label, ms]) => [label, round((ms * 1000) / c.connected)]),
+      ),
       simCores: round(connectSim / (seconds * 1000)),
     },
     rss: {
@@ -561,9 +833,13 @@ async function measure(
       settled: rssSettled,
       bytesPerDevice: round((rssSettled - rssBefore) / c.connected),
     },
+    othersBytesPerDevice: Object.fromEntries(
+      withRss.map((o, i) => [o.label, round((othersRssSettled[i]! - othersRssBefore[i]!) / c.connected)]),
+    ),
     restIdle,
     restDuring,
     restErrors,
+    restStatuses,
     steady,
     search,
   };
@@ -584,13 +860,7 @@ async function login(base: string): Promise<string> {
 
 export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   const opts = parseOptions(args);
-  if (opts.scenario !== 'a') {
-    console.log(
-      `fleet: scenario ${opts.scenario} (${SCENARIOS[opts.scenario]}): not built yet; it needs the PostgreSQL store`,
-    );
-    return 2;
-  }
-  console.log(`fleet: scenario ${opts.scenario} (${SCENARIOS[opts.scenario]})`);
+  console.log(`fleet: scenario ${opts.scenario} (${SCENARIOS[opts.scenario]}), ${opts.devices} devices`);
   console.log('note: the machine may be shared; figures are noisy, compare with the baseline taken in the same run.');
   const tmp = mkdtempSync(join(opts.tmp, 'devcloud-bench-fleet-'));
   cleanup.add('remove the temporary folder', () => rmSync(tmp, { recursive: true, force: true }));
@@ -606,22 +876,42 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     await echo.stop();
   }
 
-  // 2. The bridge.
-  const dataDir = join(tmp, 'bridge');
-  const seedMs = await seedBridge(dataDir, fleet, opts.own);
-  console.log(`seeded ${opts.devices} provisioned devices in ${round(seedMs / 1000)} s`);
-  const deployment = await startScenarioA(dataDir, opts, cleanup);
-  const cookie = await login(deployment.http[0]!);
+  // 2. The cloud: for c, one bridge (b) first, then two, each on a fresh database and Mosquitto.
   const restPath = `/0/devices/${fleet[0]!.id}`;
-  const check = await send(`${deployment.http[0]}${restPath}`, { headers: { cookie }, timeoutMs: SETUP_TIMEOUT_MS })
-    .done;
-  if (check.status !== 200) throw new Error(`GET ${restPath} answered ${check.status} ${check.body.slice(0, 200)}`);
-  const bridge = await measure(deployment, devicesFile, fleet, opts, cleanup, { cookie, path: restPath });
-  await deployment.stop();
-  const logLines = deployment
-    .output()
-    .split('\n')
-    .filter((l) => l.includes('"level":40') || l.includes('"level":50') || l.includes('"level":60'));
+  const measureCloud = async (deployment: Deployment) => {
+    const cookie = await login(deployment.http[0]!);
+    // The session made on one bridge is good on every bridge: the store is shared.
+    for (const base of deployment.http) {
+      const check = await send(`${base}${restPath}`, { headers: { cookie }, timeoutMs: SETUP_TIMEOUT_MS }).done;
+      if (check.status !== 200) throw new Error(`GET ${restPath} answered ${check.status} ${check.body.slice(0, 200)}`);
+    }
+    const figures = await measure(deployment, devicesFile, fleet, opts, cleanup, { cookie, path: restPath });
+    await deployment.stop();
+    return { figures, warnings: deployment.tally! };
+  };
+  let seedMs: number;
+  let single: TargetFigures;
+  let logLines: LogTally;
+  if (opts.scenario === 'a') {
+    const dataDir = join(tmp, 'bridge');
+    seedMs = await seedBridge(dataDir, fleet, opts.own);
+    console.log(`seeded ${opts.devices} provisioned devices in ${round(seedMs / 1000)} s`);
+    ({ figures: single, warnings: logLines } = await measureCloud(await startScenarioA(dataDir, opts, cleanup)));
+  } else {
+    const one = await startPostgresCloud(1, tmp, fleet, opts, cleanup);
+    seedMs = one.seedMs;
+    ({ figures: single, warnings: logLines } = await measureCloud(one.deployment));
+  }
+  let bridge = single;
+  let two: TargetFigures | undefined;
+  if (opts.scenario === 'c') {
+    const c = await startPostgresCloud(2, tmp, fleet, opts, cleanup);
+    const m = await measureCloud(c.deployment);
+    two = bridge = m.figures;
+    // The figures are the two bridges'; so are the warnings (the one bridge's are in its own figures).
+    single.warnings = { count: logLines.count, byEvent: logLines.byEvent };
+    logLines = m.warnings;
+  }
 
   // 3. Figures.
   const f = (n: number | undefined) => (n === undefined || Number.isNaN(n) ? 'n/a' : String(round(n)));
@@ -635,6 +925,10 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   };
   const allMet = Object.values(met).every(Boolean);
   const n = opts.devices;
+  const perOther = (rec: Record<string, number>, scale = 1) =>
+    Object.entries(rec)
+      .map(([k, v]) => `${k} ${f(v / scale)}`)
+      .join(', ');
   const rows: Row[] = [
     {
       figure: `connect ${n} devices: s (per s)`,
@@ -694,12 +988,75 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     },
     {
       figure: `GET /0/devices/<id> p99 while pushing (ms)`,
-      measured: `${f(bridge.restDuring?.p99)}${bridge.restErrors > 0 ? ` (${bridge.restErrors} not 200)` : ''}`,
+      measured:
+        `${f(bridge.restDuring?.p99)}` +
+        (bridge.restErrors > 0
+          ? ` (${bridge.restErrors} not 200: ${Object.entries(bridge.restStatuses)
+              .filter(([k]) => k !== '200')
+              .map(([k, n]) => `${k} ×${n}`)
+              .join(', ')})`
+          : ''),
       baseline: `${f(bridge.restIdle?.p99)} quiet`,
       ratio: ratio(bridge.restDuring?.p99, bridge.restIdle?.p99),
       target: `< ${TARGET.restP99Ms} ms`,
       met: met.rest,
     },
+    ...(Object.keys(bridge.steady.othersCpuUsPerPush).length > 0
+      ? [
+          {
+            figure: 'beside: CPU per push (µs)',
+            measured: perOther(bridge.steady.othersCpuUsPerPush),
+            baseline: '',
+            ratio: '',
+            target: '(reported)',
+            met: undefined,
+          },
+          {
+            figure: 'beside: CPU per connect (µs)',
+            measured: perOther(bridge.connect.othersCpuUsPerDevice),
+            baseline: '',
+            ratio: '',
+            target: '(reported)',
+            met: undefined,
+          },
+          {
+            figure: 'beside: memory per idle connected device (KB)',
+            measured: perOther(bridge.othersBytesPerDevice, 1024),
+            baseline: '',
+            ratio: '',
+            target: '(reported)',
+            met: undefined,
+          },
+        ]
+      : []),
+    ...(two
+      ? [
+          {
+            figure: `2 bridges / 1: highest rate with p99 < ${TARGET.searchP99Ms} ms`,
+            measured: two.search ? f(two.search.best) : 'not searched',
+            baseline: single.search ? `${f(single.search.best)} one bridge` : '',
+            ratio: ratio(two.search?.best, single.search?.best),
+            target: '(reported)',
+            met: undefined,
+          },
+          {
+            figure: `2 bridges / 1: push → ack p99 at ${opts.rate}/s (ms)`,
+            measured: f(two.steady.latency.p99),
+            baseline: `${f(single.steady.latency.p99)} one bridge`,
+            ratio: ratio(two.steady.latency.p99, single.steady.latency.p99),
+            target: '(reported)',
+            met: undefined,
+          },
+          {
+            figure: '2 bridges / 1: bridge CPU per push (µs)',
+            measured: f(two.steady.cpuUsPerPush),
+            baseline: `${f(single.steady.cpuUsPerPush)} one bridge`,
+            ratio: ratio(two.steady.cpuUsPerPush, single.steady.cpuUsPerPush),
+            target: '(reported)',
+            met: undefined,
+          },
+        ]
+      : []),
     {
       figure: 'simulator CPU (cores): connect, steady',
       measured: `${f(bridge.connect.simCores)}, ${f(bridge.steady.simCores)}`,
@@ -729,13 +1086,42 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       `rate search, bridge: ${bridge.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
     );
   }
+  if (two && single.search) {
+    console.log(
+      `rate search, 1 bridge: ${single.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
+    );
+  }
+  // What limits the cloud: where the CPU went at the first rate it did not keep up with (or the highest tried).
+  for (const [label, t] of two
+    ? ([
+        ['one bridge', single],
+        ['two bridges', two],
+      ] as const)
+    : ([['bridge', bridge]] as const)) {
+    const steps = t.search?.steps ?? [];
+    const at = steps.find((s) => !s.ok) ?? steps.at(-1);
+    if (!at) continue;
+    const cores = Object.entries(at.cores)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ');
+    console.log(`cores busy, ${label} at ${at.rate}/s (p99 ${at.p99} ms${at.ok ? '' : ', too slow'}): ${cores}`);
+  }
   if (bare?.search) {
     console.log(
       `rate search, bare:   ${bare.search.steps.map((s) => `${s.rate}/s p99 ${s.p99}${s.ok ? '' : ' ✗'}`).join(', ')}`,
     );
   }
-  if (logLines.length > 0)
-    console.log(`the bridge logged ${logLines.length} warnings or errors; last: ${logLines.at(-1)}`);
+  if (single.warnings && single.warnings.count > 0) {
+    console.log(
+      `one bridge logged ${single.warnings.count} warnings or errors: ${JSON.stringify(single.warnings.byEvent)}`,
+    );
+  }
+  if (logLines.count > 0) {
+    console.log(
+      `the bridge${two ? 's' : ''} logged ${logLines.count} warnings or errors: ${JSON.stringify(logLines.byEvent)}; ` +
+        `last: ${logLines.last}`,
+    );
+  }
   if (opts.cpuProf) console.log(`bridge CPU profile written to ${join(ROOT, '.bench/profiles')}`);
   console.log(
     JSON.stringify({
@@ -756,11 +1142,21 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
         own: opts.own,
         logLevel: opts.logLevel,
         tmp: opts.tmp,
+        ...(opts.scenario !== 'a' && { databaseUrl: safeUrl(opts.databaseUrl), poolSize: opts.poolSize ?? null }),
       },
       seedMs: round(seedMs),
       bridge,
+      ...(two && {
+        oneBridge: single,
+        twoToOne: {
+          highestRate: two.search?.best && single.search?.best ? round(two.search.best / single.search.best) : null,
+          pushP99: round(two.steady.latency.p99 / single.steady.latency.p99),
+          cpuPerPush: round(two.steady.cpuUsPerPush / single.steady.cpuUsPerPush),
+        },
+      }),
       bare: bare ?? null,
-      bridgeWarnings: logLines.length,
+      bridgeWarnings: logLines.count,
+      bridgeWarningsByEvent: logLines.byEvent,
       target: TARGET,
       met,
       allMet,

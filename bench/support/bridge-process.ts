@@ -37,6 +37,13 @@ export interface BridgeProcessOptions {
   nodeArgs?: string[];
   /** More options for `devcloud-bridge run`. */
   args?: string[];
+  /**
+   * The external broker the bridge is a client of (`mqtt.url`, set in the config file of `dataDir` or in `args`):
+   * then no embedded broker's port is given, and this is the returned `mqttUrl`.
+   */
+  externalMqttUrl?: string;
+  /** Sees everything the bridge writes to stdout and stderr (the log), not only the tail `output()` keeps. */
+  onOutput?: (chunk: Buffer) => void;
 }
 
 function keepTail(proc: ChildProcess): () => string {
@@ -71,15 +78,14 @@ export async function spawnBridgeProcess(
   if (opts.cpuProfDir) nodeArgs.push('--cpu-prof', '--cpu-prof-dir', opts.cpuProfDir);
   const entry = opts.runtime === 'dist' ? [script] : ['--import', 'tsx', script];
   const httpPort = await freePort();
-  const mqttPort = await freePort();
+  const mqttPort = opts.externalMqttUrl === undefined ? await freePort() : undefined;
   const args = [
     'run',
     '--data-dir',
     opts.dataDir,
     '--http-port',
     String(httpPort),
-    '--mqtt-port',
-    String(mqttPort),
+    ...(mqttPort === undefined ? [] : ['--mqtt-port', String(mqttPort)]),
     // The benchmarks' agents make their own identities: open enrolment, which `run` has off by default.
     '--open-enrolment',
     'true',
@@ -98,6 +104,10 @@ export async function spawnBridgeProcess(
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const output = keepTail(proc);
+  if (opts.onOutput) {
+    proc.stdout?.on('data', opts.onOutput);
+    proc.stderr?.on('data', opts.onOutput);
+  }
   // The bridge waits up to 5 s for open requests before it exits on SIGTERM (a profile is written then).
   const stop = () => stopChild(proc, 15_000);
   cleanup.add('stop the bridge', stop);
@@ -105,7 +115,7 @@ export async function spawnBridgeProcess(
   return {
     pid: proc.pid!,
     url: `http://127.0.0.1:${httpPort}`,
-    mqttUrl: `mqtt://127.0.0.1:${mqttPort}`,
+    mqttUrl: opts.externalMqttUrl ?? `mqtt://127.0.0.1:${mqttPort}`,
     nodeArgs,
     output,
     stop,
