@@ -44,6 +44,22 @@ export async function engines(): Promise<StoreEngine[]> {
   return (await missingPostgres()) ? ['sqlite'] : ['sqlite', 'postgres'];
 }
 
+/**
+ * A database for a bridge under test. Its commits do not wait for the server's disk (`synchronous_commit = off`,
+ * for the sessions the store opens on it): what a test sees is the same, as a transaction is still atomic and
+ * visible once committed; only a crash of the server could lose the last of them, and that is no test's concern.
+ */
+async function bridgeDatabase(): Promise<FreshDatabase> {
+  const database = await freshDatabase();
+  try {
+    await database.pool.query(`ALTER DATABASE "${database.name}" SET synchronous_commit = off`);
+  } catch (err) {
+    await database.drop();
+    throw err;
+  }
+  return database;
+}
+
 /** A store of a test's own, and how to be rid of it. */
 export interface TestStore {
   store: BridgeStore;
@@ -67,7 +83,7 @@ export async function openTestStore(
     return { store, database: undefined, close: () => store.close() };
   }
   const own = opts.database === undefined;
-  const database = opts.database ?? (await freshDatabase());
+  const database = opts.database ?? (await bridgeDatabase());
   const log = opts.log ?? createLogger({ level: 'warn', pretty: 'never', base: {}, destination: new LogSink() });
   let store: BridgeStore;
   try {
@@ -482,7 +498,7 @@ export async function startLiveBridge(
   const dataDir = opts.dataDir ?? tempDir('devcloud-bridge-');
   const sink = new LogSink();
   const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
-  const database = engine === 'postgres' ? (opts.database ?? (await freshDatabase())) : undefined;
+  const database = engine === 'postgres' ? (opts.database ?? (await bridgeDatabase())) : undefined;
   const over = opts.config ?? {};
   const config = liveBridgeConfig(
     dataDir,
