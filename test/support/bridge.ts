@@ -63,10 +63,10 @@ async function bridgeDatabase(): Promise<FreshDatabase> {
 /** A store of a test's own, and how to be rid of it. */
 export interface TestStore {
   store: BridgeStore;
-  /** PostgreSQL: the database made for this store. */
+  /** PostgreSQL: the database of this store (made for it, or given). */
   database: FreshDatabase | undefined;
-  /** Closes the store; PostgreSQL: and drops its database. */
-  close(): Promise<void>;
+  /** Closes the store; PostgreSQL: and drops its database (unless it was given). */
+  close: () => Promise<void>;
 }
 
 /**
@@ -95,7 +95,7 @@ export async function openTestStore(
   return {
     store,
     database,
-    async close() {
+    close: async () => {
       try {
         await store.close();
       } finally {
