@@ -19,13 +19,14 @@ import {
   type LiveBridge,
   type StoreEngine,
   type TestStore,
+  bridgeDatabase,
   engines,
   openTestStore,
   startLiveBridge,
 } from '../support/bridge.js';
 import { spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
-import { type FreshDatabase, freshDatabase } from '../support/postgres.js';
+import type { FreshDatabase } from '../support/postgres.js';
 import { rawConnect } from '../support/raw-mqtt.js';
 import { until } from '../support/wait.js';
 
@@ -44,7 +45,7 @@ const ENGINES = await engines();
 /** PostgreSQL: a database for a test's bridges to share (across a restart, or with a command), else undefined. */
 async function databaseFor(engine: StoreEngine, cleanups: Array<() => Promise<void> | void>) {
   if (engine !== 'postgres') return undefined;
-  const db = await freshDatabase();
+  const db = await bridgeDatabase();
   cleanups.push(() => db.drop());
   return db;
 }

@@ -45,12 +45,14 @@ export async function engines(): Promise<StoreEngine[]> {
 }
 
 /**
- * A database for a bridge under test. Its commits do not wait for the server's disk (`synchronous_commit = off`,
- * for the sessions the store opens on it): what a test sees is the same, as a transaction is still atomic and
- * visible once committed; only a crash of the server could lose the last of them, and that is no test's concern.
+ * A database for a bridge under test. Its default collation is linguistic (ICU `en-US`, where the server has it), as
+ * on most servers, so that text sorted other than in the schema's byte order shows. Its commits do not wait for the
+ * server's disk (`synchronous_commit = off`, for the sessions the store opens on it): what a test sees is the same,
+ * as a transaction is still atomic and visible once committed; only a crash of the server could lose the last of
+ * them, and that is no test's concern.
  */
-async function bridgeDatabase(): Promise<FreshDatabase> {
-  const database = await freshDatabase();
+export async function bridgeDatabase(): Promise<FreshDatabase> {
+  const database = await freshDatabase(undefined, { icuLocale: 'en-US' });
   try {
     await database.pool.query(`ALTER DATABASE "${database.name}" SET synchronous_commit = off`);
   } catch (err) {
