@@ -84,6 +84,15 @@ export interface DeviceCounters {
 
 export class DeviceService {
   private send: SendDown = () => false;
+  /**
+   * Devices whose row is committed: a unit of work for one of them need not insert it (a device's row is never
+   * removed). Added once the unit that inserted (or found) it has committed, not while it runs: on PostgreSQL the
+   * messages of one device are handled in transactions of their own at the same time, and one that took the row as
+   * known before the other had committed it inserted variables of a device it could not see (a foreign key
+   * violation, and a hello lost with it). SQLite, whose units run one after another, never showed it.
+   */
+  private readonly known = new Set<string>();
+  /** When each device's `lastactivity` was last written: at most every `lastActivityMs`. */
   private readonly activityWritten = new Map<string, number>();
   /**
    * Per device whose latest hello says `clock`, its own clock minus the bridge's at that hello (`ts` is the gateway's
@@ -172,8 +181,30 @@ export class DeviceService {
 
   // ---- messages from devices ----
 
-  /** Handles one validated message; never throws (a failure is logged and counted). */
+  /** PostgreSQL: per device, the handling of its latest message; the next one starts when it ends. */
+  private readonly inOrder = new Map<string, Promise<void>>();
+
+  /**
+   * Handles one validated message; never throws (a failure is logged and counted).
+   *
+   * A device's messages are handled in the order they came. SQLite runs the units of work one after another in the
+   * order they were asked for, so that holds by itself. On PostgreSQL each unit is a transaction of its own, run at
+   * the same time as the others: two messages of one device could commit in the other order (a later `fwstate`
+   * overwritten by an earlier one), and two that write the same variables in another order deadlocked (seen with a
+   * hello and a meta report, and two meta reports). So there the next message of a device waits for the last.
+   */
   handle(msg: UpMessage): Promise<void> {
+    if (this.opts.store.engine === 'sqlite') return this.handleNow(msg);
+    const id = msg.deviceId;
+    const run = (this.inOrder.get(id) ?? Promise.resolve()).then(() => this.handleNow(msg));
+    this.inOrder.set(id, run);
+    void run.then(() => {
+      if (this.inOrder.get(id) === run) this.inOrder.delete(id);
+    });
+    return run;
+  }
+
+  private handleNow(msg: UpMessage): Promise<void> {
     this.counters.handled++;
     let work: Promise<void>;
     switch (msg.name) {
@@ -200,7 +231,9 @@ export class DeviceService {
         const now = this.opts.now();
         // One unit of work for the activity and the report: a busy device sends many.
         work = commands
-          ? commands.onStatus(msg.deviceId, msg.payload, (tx) => this.activity(tx, msg.deviceId, now))
+          ? commands
+              .onStatus(msg.deviceId, msg.payload, (tx) => this.activity(tx, msg.deviceId, now))
+              .then(() => void this.known.add(msg.deviceId))
           : this.touch(msg.deviceId);
         break;
       }
@@ -219,8 +252,7 @@ export class DeviceService {
   /** Records that a device was heard from; `lastactivity` is written at most every `lastActivityMs`. */
   private async activity(tx: StoreTx, deviceId: string, now: number): Promise<void> {
     const devices = tx.devices;
-    // A device's row is never removed, so once it is known here it need not be checked again.
-    if (!this.activityWritten.has(deviceId)) await devices.touch(deviceId, now);
+    if (!this.known.has(deviceId)) await devices.touch(deviceId, now);
     const last = this.activityWritten.get(deviceId) ?? -Infinity;
     if (now - last < this.opts.lastActivityMs) return;
     this.activityWritten.set(deviceId, now);
@@ -229,12 +261,24 @@ export class DeviceService {
 
   private touch(deviceId: string): Promise<void> {
     const now = this.opts.now();
-    return this.opts.store.write((tx) => this.activity(tx, deviceId, now), { durable: false });
+    return this.deviceWrite(deviceId, (tx) => this.activity(tx, deviceId, now), { durable: false });
+  }
+
+  /** A unit of work for a device that records its activity: once committed, the device's row is {@link known}. */
+  private async deviceWrite<T>(
+    deviceId: string,
+    work: (tx: StoreTx) => Promise<T>,
+    options?: { durable?: boolean },
+  ): Promise<T> {
+    const value = await this.opts.store.write(work, options);
+    this.known.add(deviceId);
+    return value;
   }
 
   private async onState(deviceId: string, state: StatePayload): Promise<void> {
     const now = this.opts.now();
-    await this.opts.store.write(
+    await this.deviceWrite(
+      deviceId,
       async (tx) => {
         await tx.devices.touch(deviceId, now);
         await tx.devices.setMeta(deviceId, 'state', META_STATE[state], now, 'server');
@@ -263,7 +307,7 @@ export class DeviceService {
       name,
       change: 'version',
     }));
-    const written = this.opts.store.write(async (tx) => {
+    const written = this.deviceWrite(deviceId, async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
       const ok = await devices.setAuthcode(deviceId, hello.authcode);
@@ -379,7 +423,7 @@ export class DeviceService {
     const skew = this.skews.get(deviceId);
     let restamped = 0;
     const changed: VarChange[] = [];
-    const acks = await this.opts.store.write(async (tx) => {
+    const acks = await this.deviceWrite(deviceId, async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
       const out: AckItem[] = [];
@@ -431,7 +475,8 @@ export class DeviceService {
   private async onAcks(deviceId: string, acks: readonly AckItem[]): Promise<void> {
     const now = this.opts.now();
     // An acknowledgement stamp promises nothing to anyone: lost, it costs one more push of the same version.
-    const changed = await this.opts.store.write(
+    const changed = await this.deviceWrite(
+      deviceId,
       async (tx) => {
         const devices = tx.devices;
         await this.activity(tx, deviceId, now);
@@ -456,7 +501,7 @@ export class DeviceService {
     const now = this.opts.now();
     const changed: VarChange[] = [];
     const written = (name: string) => changed.push({ type: 'meta', name, change: 'version' });
-    await this.opts.store.write(async (tx) => {
+    await this.deviceWrite(deviceId, async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
       // The presence and identity entries are the bridge's own; a device cannot overwrite them.
@@ -492,7 +537,8 @@ export class DeviceService {
     const now = this.opts.now();
     let unknown = 0;
     let foreign = 0;
-    await this.opts.store.write(
+    await this.deviceWrite(
+      deviceId,
       async (tx) => {
         const devices = tx.devices;
         await this.activity(tx, deviceId, now);

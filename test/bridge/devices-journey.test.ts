@@ -1,11 +1,12 @@
 /**
  * One full user journey through the real edges: a listening bridge with its embedded broker, a real agent
- * connected to it, HTTP from the test, and the user's authcode sent to the agent over UDP.
+ * connected to it, HTTP from the test, and the user's authcode sent to the agent over UDP. On each store engine
+ * (SQLite, and PostgreSQL when the test server answers: test/support/bridge.ts, `engines`).
  */
 import { createSocket } from 'node:dgram';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, startAgent } from '../support/agent.js';
-import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { type HttpClient, type LiveBridge, engines, startLiveBridge } from '../support/bridge.js';
 import { until } from '../support/wait.js';
 
 function udpSend(port: number, payload: string): Promise<void> {
@@ -27,7 +28,7 @@ async function signup(http: HttpClient, login: string): Promise<string> {
   return (JSON.parse(user.body) as { authcode: string }).authcode;
 }
 
-describe('a user journey with a real agent (embedded broker)', () => {
+describe.each(await engines())('a user journey with a real agent (embedded broker, %s)', (engine) => {
   let bridge: LiveBridge | undefined;
   let agent: TestAgent | undefined;
   afterEach(async () => {
@@ -38,7 +39,7 @@ describe('a user journey with a real agent (embedded broker)', () => {
   });
 
   it('signup, authcode over UDP, network, claim, d set and acked, sync and syncacked, device change, history, unregister', async () => {
-    bridge = await startLiveBridge();
+    bridge = await startLiveBridge({ engine });
     agent = await startAgent({ mqttUrl: bridge.mqttUrl });
     const deviceId = agent.agent.identity.deviceId;
     const deviceAuth = agent.agent.identity.authcode;

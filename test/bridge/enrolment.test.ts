@@ -1,7 +1,9 @@
 /**
  * Enrolment by the embedded broker is kept in the bridge's database: after a restart a device is still known by
  * the secret it enrolled with, so nobody else can take its id. `devcloud-bridge run` enrols nobody by default;
- * enrolment is by provisioning or through the enrolment credential, and capped per address and in all.
+ * enrolment is by provisioning or through the enrolment credential, and capped per address and in all. All of it
+ * runs on each store engine (SQLite in the data directory, and PostgreSQL when the test server answers:
+ * test/support/bridge.ts, `engines`).
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -11,12 +13,20 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EmbeddedBroker, hashSecret } from '../../bridge/broker.js';
 import { runCli } from '../../bridge/cli.js';
 import { BridgeConfigSchema } from '../../bridge/config.js';
-import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
 import { LogSink, type TestAgent, startAgent, tempDir } from '../support/agent.js';
-import { type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import {
+  type LiveBridge,
+  type StoreEngine,
+  type TestStore,
+  bridgeDatabase,
+  engines,
+  openTestStore,
+  startLiveBridge,
+} from '../support/bridge.js';
 import { spawnBridge } from '../support/bridge-process.js';
 import { freePort } from '../support/brokers.js';
+import type { FreshDatabase } from '../support/postgres.js';
 import { rawConnect } from '../support/raw-mqtt.js';
 import { until } from '../support/wait.js';
 
@@ -30,17 +40,31 @@ async function connects(url: string, id: string, secret: string): Promise<boolea
   }
 }
 
-describe('enrolment kept across bridge restarts', () => {
-  const open: Array<{ broker: EmbeddedBroker; store: SqliteStore }> = [];
+const ENGINES = await engines();
+
+/** PostgreSQL: a database for a test's bridges to share (across a restart, or with a command), else undefined. */
+async function databaseFor(engine: StoreEngine, cleanups: Array<() => Promise<void> | void>) {
+  if (engine !== 'postgres') return undefined;
+  const db = await bridgeDatabase();
+  cleanups.push(() => db.drop());
+  return db;
+}
+
+describe.each(ENGINES)('enrolment kept across bridge restarts (%s)', (engine) => {
+  const open: Array<{ broker: EmbeddedBroker; store: TestStore }> = [];
+  const cleanups: Array<() => Promise<void> | void> = [];
   afterEach(async () => {
     for (const o of open.splice(0)) {
       await o.broker.close();
       await o.store.close();
     }
+    for (const c of cleanups.splice(0).reverse()) await c();
   });
 
-  async function start(dataDir: string, openEnrolment = true) {
-    const store = new SqliteStore(dataDir);
+  /** A broker on the store in `dataDir` (PostgreSQL: on `database`, which outlives it). */
+  async function start(dataDir: string, database: FreshDatabase | undefined, openEnrolment = true) {
+    const opened = await openTestStore(engine, dataDir, database ? { database } : {});
+    const { store } = opened;
     const log = createLogger({ level: 'warn', pretty: 'never', base: {}, destination: new LogSink() });
     const broker = await EmbeddedBroker.start({
       host: '127.0.0.1',
@@ -50,15 +74,17 @@ describe('enrolment kept across bridge restarts', () => {
       log,
       now: Date.now,
     });
-    open.push({ broker, store });
+    open.push({ broker, store: opened });
     return { broker, store };
   }
 
   it('refuses another secret for an enrolled device after a restart, and accepts the enrolled one', async () => {
     const dataDir = tempDir();
+    cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }));
+    const database = await databaseFor(engine, cleanups);
     const id = randomUUID();
     const secret = randomBytes(32).toString('hex');
-    const first = await start(dataDir);
+    const first = await start(dataDir, database);
     expect(await connects(first.broker.url, id, secret)).toBe(true);
     expect(await first.store.credentials.secretHash(id)).toBe(hashSecret(secret));
     const o = open.pop()!;
@@ -66,7 +92,7 @@ describe('enrolment kept across bridge restarts', () => {
     await o.store.close();
 
     // Open enrolment is switched off now: only devices already known may connect.
-    const second = await start(dataDir, false);
+    const second = await start(dataDir, database, false);
     expect(await connects(second.broker.url, id, 'f'.repeat(64))).toBe(false);
     expect(second.broker.refusals['bad-secret']).toBe(1);
     expect(await connects(second.broker.url, id, secret)).toBe(true);
@@ -75,7 +101,9 @@ describe('enrolment kept across bridge restarts', () => {
   });
 
   it('keeps the first secret a device enrolled with', async () => {
-    const { broker, store } = await start(tempDir());
+    const dataDir = tempDir();
+    cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }));
+    const { broker, store } = await start(dataDir, await databaseFor(engine, cleanups));
     const id = randomUUID();
     const secret = randomBytes(32).toString('hex');
     expect(await connects(broker.url, id, secret)).toBe(true);
@@ -85,7 +113,7 @@ describe('enrolment kept across bridge restarts', () => {
   });
 });
 
-describe('secure enrolment by default', () => {
+describe.each(ENGINES)('secure enrolment by default (%s)', (engine) => {
   const cleanups: Array<() => Promise<void> | void> = [];
   afterEach(async () => {
     for (const c of cleanups.splice(0).reverse()) await c();
@@ -117,12 +145,13 @@ describe('secure enrolment by default', () => {
     expect(BridgeConfigSchema.parse({ dataDir: '/x' }).mqtt.openEnrolment).toBe(false);
     const dataDir = tempDir('devcloud-bridge-');
     cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }));
+    const database = await databaseFor(engine, cleanups);
     // No mqtt settings at all: the defaults of `run`.
     const bridge = await spawnBridge({
       dataDir,
       httpPort: await freePort(),
       mqttPort: await freePort(),
-      config: { mqtt: {} },
+      config: { mqtt: {}, ...(database ? { database: { url: database.url } } : {}) },
     });
     cleanups.push(() => bridge.kill9());
     const port = Number(new URL(bridge.mqttUrl).port);
@@ -135,18 +164,26 @@ describe('secure enrolment by default', () => {
     cleanups.push(() => rmSync(outDir, { recursive: true, force: true }));
     const out: string[] = [];
     const code = await runCli(
-      ['device', 'provision', '--data-dir', dataDir, '--out', outDir],
+      [
+        'device',
+        'provision',
+        '--data-dir',
+        dataDir,
+        ...(database ? ['--database-url', database.url] : []),
+        '--out',
+        outDir,
+      ],
       { out: (s) => out.push(s), err: () => undefined },
       { CONFIGURATION_DIRECTORY: dataDir },
     );
     expect(code).toBe(0);
     const identity = JSON.parse(readFileSync(out[0]!, 'utf8')) as { deviceId: string; secret: string };
-    const store = new SqliteStore(dataDir);
+    const { store, close } = await openTestStore(engine, dataDir, database ? { database } : {});
     try {
       // 20 strangers left no trace; the provisioned device is the only one known.
       expect(await store.credentials.secretHash(identity.deviceId)).toBe(hashSecret(identity.secret));
     } finally {
-      await store.close();
+      await close();
     }
     expect(
       await admitted(port, { clientId: identity.deviceId, username: identity.deviceId, password: identity.secret }),
@@ -159,6 +196,7 @@ describe('secure enrolment by default', () => {
     const enrolPassword = randomBytes(16).toString('hex');
     writeFileSync(join(dir, 'enrol-password'), `${enrolPassword}\n`);
     const live: LiveBridge = await startLiveBridge({
+      engine,
       config: { mqtt: { openEnrolment: true, enrolPasswordFile: join(dir, 'enrol-password') } },
     });
     cleanups.push(() => live.close());
@@ -185,6 +223,7 @@ describe('secure enrolment by default', () => {
 
   it('caps enrolments per client address and in all, per window', async () => {
     const live: LiveBridge = await startLiveBridge({
+      engine,
       config: { mqtt: { openEnrolment: true, enrolLimits: { perAddress: 3, total: 5, windowMs: 60_000 } } },
     });
     cleanups.push(() => live.close());

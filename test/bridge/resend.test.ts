@@ -4,6 +4,13 @@
  * not acknowledge gets what it has not acknowledged again after 5 s, then 10 s, 20 s, ... up to 5 min; an
  * acknowledgement or a hello starts the wait again at 5 s; a device with nothing left, or gone, leaves the
  * schedule; and only devices with something pending are ever looked at.
+ *
+ * SQLite only, though the device suites run on PostgreSQL too: this file moves fake time, and
+ * `vi.advanceTimersByTimeAsync` lets only promises settle that need no I/O, which SQLite's answers are and
+ * PostgreSQL's (over a socket) are not; a turn of the schedule would read the store after the time had moved on. No
+ * bridge is involved here. What the resend reads of the store on PostgreSQL (`pending` in pages, the acks) is in the
+ * store suite on both engines (test/bridge/store-engines.test.ts), and a device that is sent a change over a live
+ * bridge on PostgreSQL acknowledges it in test/bridge/devices.test.ts.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { rmSync } from 'node:fs';

@@ -7,7 +7,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { importImage } from '../../bridge/firmware/catalog.js';
-import type { SqliteStore } from '../../bridge/store/sqlite.js';
+import type { BridgeStore } from '../../bridge/store/types.js';
 import { signFirmware } from '../../protocol/index.js';
 import { tempDir } from './agent.js';
 
@@ -66,7 +66,7 @@ export interface CatalogEntry {
 
 /** Adds an image to the bridge's catalog as `devcloud-bridge firmware add` does, signed. */
 export async function addToCatalog(
-  store: SqliteStore,
+  store: BridgeStore,
   file: string,
   entry: CatalogEntry,
   keys: SigningKeys,
@@ -95,13 +95,13 @@ export async function addToCatalog(
  * The `fwstate` values the bridge recorded for a device, oldest first (the bridge keeps `meta` history and adds
  * nothing for an unchanged value, so repeats in a row appear once).
  */
-export async function fwStates(store: SqliteStore, deviceId: string): Promise<string[]> {
+export async function fwStates(store: BridgeStore, deviceId: string): Promise<string[]> {
   return (await store.devices.history(deviceId, 'meta', 'fwstate', 1000))
     .reverse()
     .map((e) => e.value?.toString('utf8') ?? '(deleted)');
 }
 
 /** A `meta` variable of a device as the bridge holds it. */
-export async function metaOf(store: SqliteStore, deviceId: string, name: string): Promise<string | undefined> {
+export async function metaOf(store: BridgeStore, deviceId: string, name: string): Promise<string | undefined> {
   return (await store.devices.getVar(deviceId, 'meta', name))?.value?.toString('utf8');
 }

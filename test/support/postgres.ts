@@ -99,15 +99,36 @@ export interface FreshDatabase {
   drop(): Promise<void>;
 }
 
+export interface FreshDatabaseOptions {
+  /**
+   * Make it with this ICU locale as its default collation (`en-US`: the linguistic order most servers sort text in),
+   * so that a query that sorts or compares text by the database's default rather than by the byte order the schema
+   * asks for shows it. A server without ICU (or older than PostgreSQL 15) makes it with its own default.
+   */
+  icuLocale?: string;
+}
+
 /** Makes an empty database on the test server. */
-export async function freshDatabase(label?: string): Promise<FreshDatabase> {
+export async function freshDatabase(label?: string, options: FreshDatabaseOptions = {}): Promise<FreshDatabase> {
   const testPath = expect.getState().testPath;
   const base = (label ?? (testPath ? basename(testPath).replace(/\.test\.ts$/, '') : 'test'))
     .toLowerCase()
     .replace(/[^a-z0-9]+/g, '_')
     .slice(0, 30);
   const name = `devcloud_test_${base}_${randomBytes(4).toString('hex')}`;
-  await onServer((c) => c.query(`CREATE DATABASE ${quote(name)}`));
+  await onServer(async (c) => {
+    if (options.icuLocale !== undefined) {
+      try {
+        const locale = `'${options.icuLocale.replace(/'/g, "''")}'`;
+        await c.query(`CREATE DATABASE ${quote(name)} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE ${locale}`);
+        return;
+      } catch (err) {
+        // 42601: no LOCALE_PROVIDER before PostgreSQL 15; 0A000: built without ICU; 42704: no such locale.
+        if (!['42601', '0A000', '42704'].includes((err as { code?: string }).code ?? '')) throw err;
+      }
+    }
+    await c.query(`CREATE DATABASE ${quote(name)}`);
+  });
   const url = databaseUrl(testServerUrl(), name);
   const pool = new pg.Pool({ connectionString: url, max: 4 });
   // A connection closed under the pool (the drop, a test that kills backends) is dropped from it, not thrown.
