@@ -154,7 +154,8 @@ describe.skipIf(noMosquitto || (await missingPostgres()))('several bridges on Po
     };
     for (const to of [0, 1, 2]) expect(await presence(to)).toBe('connected');
     await agent.stop();
-    for (const to of [0, 1, 2]) await until(async () => (await presence(to)) === 'disconnected', `disconnected on ${to}`);
+    for (const to of [0, 1, 2])
+      await until(async () => (await presence(to)) === 'disconnected', `disconnected on ${to}`);
   });
 
   it('kill -9 of one bridge during traffic loses no answered write, and the device keeps syncing', async () => {
