@@ -74,6 +74,27 @@ export function withoutValues(err: unknown): unknown {
   return err;
 }
 
+/**
+ * The store's statements are few and run often: each is prepared once per connection (a named statement), so that
+ * the server parses and plans it once, not at every call. Only reads and writes of rows are; `BEGIN`, `COMMIT` and
+ * `SET` go as they are.
+ */
+const names = new Map<string, string>();
+const PREPARED = /^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b/i;
+
+function statement(text: string, values: readonly unknown[] | undefined): pg.QueryConfig {
+  const config: pg.QueryConfig = { text, values: values as unknown[] | undefined };
+  if (!PREPARED.test(text)) return config;
+  let name = names.get(text);
+  if (name === undefined) {
+    // A bounded set: statements are written in the code, a handful of them built from a few fixed parts.
+    if (names.size >= 1000) return config;
+    name = `devcloud_${names.size + 1}`;
+    names.set(text, name);
+  }
+  return { ...config, name };
+}
+
 /** Whether a statement changed rows (a write that reached the disk, as far as the store can tell). */
 const changedRows = (r: pg.QueryResult): boolean =>
   (r.command === 'INSERT' || r.command === 'UPDATE' || r.command === 'DELETE') && (r.rowCount ?? 0) > 0;
@@ -105,7 +126,7 @@ export class PoolConn implements Conn {
   async query<R extends pg.QueryResultRow>(text: string, values?: readonly unknown[]): Promise<pg.QueryResult<R>> {
     let r: pg.QueryResult<R>;
     try {
-      r = await this.pool.query<R>(text, values as unknown[] | undefined);
+      r = await this.pool.query<R>(statement(text, values));
     } catch (err) {
       throw this.watch.classify(withoutValues(err));
     }
@@ -139,7 +160,7 @@ class TxConn implements Conn {
     if (this.ended) throw new Error('the store transaction has ended: a call on its `tx` came after `write` returned');
     let r: pg.QueryResult<R>;
     try {
-      r = await this.client.query<R>(text, values as unknown[] | undefined);
+      r = await this.client.query<R>(statement(text, values));
     } catch (err) {
       throw this.watch.classify(withoutValues(err));
     }
