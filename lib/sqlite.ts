@@ -120,6 +120,48 @@ export interface RunOptions {
 }
 
 /**
+ * What both group committers share: the full-disk bookkeeping (`storage`), and leaving a transaction that a failed
+ * commit left open.
+ */
+abstract class CommitterBase {
+  readonly storage: StorageState = { full: false, fullSince: undefined, refused: 0 };
+  protected readonly dir: string;
+  protected readonly totalChanges: Database.Statement<[], { n: number }>;
+
+  constructor(
+    protected readonly db: Db,
+    protected readonly options: GroupCommitterOptions,
+  ) {
+    this.dir = dirname(db.name);
+    this.totalChanges = db.prepare('SELECT total_changes() AS n');
+  }
+
+  /** A full disk as `StorageFullError`, noted in `storage`; any other error as it is. */
+  protected classify(err: unknown): unknown {
+    if (!isStorageFull(err, this.dir)) return err;
+    this.storage.refused++;
+    if (!this.storage.full) this.storageChanged(true, err);
+    return err instanceof StorageFullError ? err : new StorageFullError(err);
+  }
+
+  protected storageChanged(full: boolean, err?: unknown): void {
+    this.storage.full = full;
+    this.storage.fullSince = full ? (this.options.now ?? Date.now)() : undefined;
+    this.options.onStorageChange?.(full, err);
+  }
+
+  /** Rolls back what a failed commit may have left open (SQLite keeps some transactions open after an error). */
+  protected leaveTransaction(): void {
+    if (!this.db.inTransaction) return;
+    try {
+      this.db.exec('ROLLBACK');
+    } catch {
+      // rolled back meanwhile
+    }
+  }
+}
+
+/**
  * Runs units of work in one transaction per turn of the event loop. Each caller's promise resolves after the
  * transaction holding its work has committed (and so, with `synchronous=FULL`, is on disk). Work that throws
  * fails only itself: the batch is then redone with each unit in a savepoint. A failing commit rejects everyone
@@ -129,27 +171,20 @@ export interface RunOptions {
  * left it open; either way the connection is left outside any transaction, so that the next batch starts clean
  * (a batch begun inside a leftover transaction would only make savepoints, and never commit).
  */
-export class GroupCommitter {
+export class GroupCommitter extends CommitterBase {
   private queue: Pending<unknown>[] = [];
   private scheduled = false;
   private closed = false;
   /** Batches committed, units of work in them, and batches committed without fsync. */
   readonly stats = { commits: 0, units: 0, relaxed: 0 };
-  readonly storage: StorageState = { full: false, fullSince: undefined, refused: 0 };
-  private readonly dir: string;
-  private readonly totalChanges: Database.Statement<[], { n: number }>;
 
   /** Built once: a transaction wrapper and the two pragmas cost more to prepare than to run. */
   private readonly runAll: (batch: Pending<unknown>[]) => Array<{ ok: true; value: unknown }>;
   private readonly relax: Database.Statement;
   private readonly tighten: Database.Statement;
 
-  constructor(
-    private readonly db: Db,
-    private readonly options: GroupCommitterOptions = {},
-  ) {
-    this.dir = dirname(db.name);
-    this.totalChanges = db.prepare('SELECT total_changes() AS n');
+  constructor(db: Db, options: GroupCommitterOptions = {}) {
+    super(db, options);
     this.runAll = db.transaction((batch: Pending<unknown>[]) =>
       batch.map((p) => {
         try {
@@ -212,30 +247,6 @@ export class GroupCommitter {
     });
   }
 
-  /** A full disk as `StorageFullError`, noted in `storage`; any other error as it is. */
-  private classify(err: unknown): unknown {
-    if (!isStorageFull(err, this.dir)) return err;
-    this.storage.refused++;
-    if (!this.storage.full) this.storageChanged(true, err);
-    return err instanceof StorageFullError ? err : new StorageFullError(err);
-  }
-
-  private storageChanged(full: boolean, err?: unknown): void {
-    this.storage.full = full;
-    this.storage.fullSince = full ? (this.options.now ?? Date.now)() : undefined;
-    this.options.onStorageChange?.(full, err);
-  }
-
-  /** Rolls back what a failed commit may have left open (SQLite keeps some transactions open after an error). */
-  private leaveTransaction(): void {
-    if (!this.db.inTransaction) return;
-    try {
-      this.db.exec('ROLLBACK');
-    } catch {
-      // rolled back meanwhile
-    }
-  }
-
   private commitBatch(batch: Pending<unknown>[]): Array<{ ok: true; value: unknown } | { ok: false; err: unknown }> {
     // The common case: every unit succeeds, and no savepoint is paid for.
     try {
@@ -288,27 +299,19 @@ type Outcome = { ok: true; value: unknown } | { ok: false; err: unknown };
  *
  * Full-disk handling is that of `GroupCommitter`.
  */
-export class AsyncGroupCommitter {
+export class AsyncGroupCommitter extends CommitterBase {
   private queue: AsyncPending<unknown>[] = [];
   private scheduled = false;
   private running = false;
   private closed = false;
   readonly stats = { commits: 0, units: 0, relaxed: 0 };
-  readonly storage: StorageState = { full: false, fullSince: undefined, refused: 0 };
-  private readonly dir: string;
-  private readonly totalChanges: Database.Statement<[], { n: number }>;
   private readonly st;
 
-  constructor(
-    private readonly db: Db,
-    private readonly options: GroupCommitterOptions = {},
-  ) {
-    this.dir = dirname(db.name);
-    this.totalChanges = db.prepare('SELECT total_changes() AS n');
+  constructor(db: Db, options: GroupCommitterOptions = {}) {
+    super(db, options);
     this.st = {
       begin: db.prepare('BEGIN'),
       commit: db.prepare('COMMIT'),
-      rollback: db.prepare('ROLLBACK'),
       savepoint: db.prepare('SAVEPOINT unit'),
       release: db.prepare('RELEASE unit'),
       rollbackTo: db.prepare('ROLLBACK TO unit'),
@@ -417,28 +420,6 @@ export class AsyncGroupCommitter {
     }
     this.st.commit.run();
     return redone;
-  }
-
-  private classify(err: unknown): unknown {
-    if (!isStorageFull(err, this.dir)) return err;
-    this.storage.refused++;
-    if (!this.storage.full) this.storageChanged(true, err);
-    return err instanceof StorageFullError ? err : new StorageFullError(err);
-  }
-
-  private storageChanged(full: boolean, err?: unknown): void {
-    this.storage.full = full;
-    this.storage.fullSince = full ? (this.options.now ?? Date.now)() : undefined;
-    this.options.onStorageChange?.(full, err);
-  }
-
-  private leaveTransaction(): void {
-    if (!this.db.inTransaction) return;
-    try {
-      this.st.rollback.run();
-    } catch {
-      // rolled back meanwhile
-    }
   }
 
   /** Waits for what is queued and refuses further work. */

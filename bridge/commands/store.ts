@@ -63,7 +63,8 @@ export interface StoredCommand {
   reason: string | null;
 }
 
-interface Row {
+/** A row of `commands` as either engine reads it: `truncated` is SQLite's 0/1 or PostgreSQL's BOOLEAN. */
+export interface CommandRow {
   seq: number;
   id: string;
   device_id: string;
@@ -80,11 +81,11 @@ interface Row {
   exit_code: number | null;
   signal: string | null;
   output: string | null;
-  truncated: number;
+  truncated: number | boolean;
   reason: string | null;
 }
 
-const toCommand = (r: Row): StoredCommand => ({
+export const toCommand = (r: CommandRow): StoredCommand => ({
   seq: r.seq,
   id: r.id,
   deviceId: r.device_id,
@@ -101,11 +102,19 @@ const toCommand = (r: Row): StoredCommand => ({
   exitCode: r.exit_code,
   signal: r.signal,
   output: r.output,
-  truncated: r.truncated === 1,
+  truncated: r.truncated === true || r.truncated === 1,
   reason: r.reason,
 });
 
-const RANK: Record<BridgeCommandState, number> = { queued: 0, sent: 1, running: 2, done: 3, failed: 3, expired: 3 };
+/** The order of the states: `done`, `failed` and `expired` are all final. */
+export const RANK: Record<BridgeCommandState, number> = {
+  queued: 0,
+  sent: 1,
+  running: 2,
+  done: 3,
+  failed: 3,
+  expired: 3,
+};
 
 export interface NewBridgeCommand {
   id: string;
@@ -127,7 +136,7 @@ export class CommandStore {
          VALUES (@id, @deviceId, @userId, @command, @priority, @createdAt, @expiresAt,
                  CASE WHEN @sentAt IS NULL THEN 'queued' ELSE 'sent' END, @createdAt, @sentAt)`,
       ),
-      byId: db.prepare<[string], Row>('SELECT * FROM commands WHERE id = ?'),
+      byId: db.prepare<[string], CommandRow>('SELECT * FROM commands WHERE id = ?'),
       byState: db.prepare<[], { state: BridgeCommandState; n: number }>(
         'SELECT state, count(*) AS n FROM commands GROUP BY state',
       ),
@@ -136,11 +145,11 @@ export class CommandStore {
           "SELECT count(*) FROM commands WHERE device_id = ? AND state IN ('queued', 'sent', 'running')",
         )
         .pluck(),
-      open: db.prepare<[string, number, number], Row>(
+      open: db.prepare<[string, number, number], CommandRow>(
         `SELECT * FROM commands WHERE device_id = ? AND state IN ('queued', 'sent', 'running') AND seq > ?
          ORDER BY seq LIMIT ?`,
       ),
-      ofDevice: db.prepare<[string, number, number], Row>(
+      ofDevice: db.prepare<[string, number, number], CommandRow>(
         'SELECT * FROM commands WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?',
       ),
       markSent: db.prepare(

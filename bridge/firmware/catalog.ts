@@ -108,7 +108,8 @@ export function firmwareJson(f: FirmwareImage): FirmwareImageJson {
   };
 }
 
-interface Row {
+/** A row of `firmware`, as either engine reads it. */
+export interface ImageRow {
   name: string;
   platform: string;
   version: number;
@@ -120,7 +121,7 @@ interface Row {
   added_at: number;
 }
 
-const toImage = (r: Row): FirmwareImage => ({
+export const toImage = (r: ImageRow): FirmwareImage => ({
   name: r.name,
   platform: r.platform,
   version: r.version,
@@ -161,8 +162,8 @@ export class FirmwareStore {
   ) {
     this.imageDir = join(dataDir, 'firmware');
     this.s = {
-      byName: db.prepare<[string], Row>('SELECT * FROM firmware WHERE name = ?'),
-      list: db.prepare<[], Row>('SELECT * FROM firmware ORDER BY name, version'),
+      byName: db.prepare<[string], ImageRow>('SELECT * FROM firmware WHERE name = ?'),
+      list: db.prepare<[], ImageRow>('SELECT * FROM firmware ORDER BY name, version'),
       insert: db.prepare(`
         INSERT INTO firmware (name, platform, version, from_platforms, to_platform, size, sha256, signature, added_at)
         VALUES (@name, @platform, @version, @from, @toPlatform, @size, @sha256, @signature, @addedAt)`),

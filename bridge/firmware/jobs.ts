@@ -71,7 +71,8 @@ export interface FirmwareJob {
   url: string | null;
 }
 
-interface Row {
+/** A row of `fw_jobs` as either engine reads it: the flags are SQLite's 0/1 or PostgreSQL's BOOLEAN. */
+export interface JobRow {
   id: string;
   device_id: string;
   name: string;
@@ -79,8 +80,8 @@ interface Row {
   size: number;
   token_hash: string;
   token_expires: number;
-  open: number;
-  cancelled: number;
+  open: number | boolean;
+  cancelled: number | boolean;
   created_at: number;
   ended_at: number | null;
   outcome: string | null;
@@ -88,15 +89,15 @@ interface Row {
   prev_token_hash: string | null;
 }
 
-const toJob = (r: Row): FirmwareJob => ({
+export const toJob = (r: JobRow): FirmwareJob => ({
   id: r.id,
   deviceId: r.device_id,
   name: r.name,
   sha256: r.sha256,
   size: r.size,
   tokenExpires: r.token_expires,
-  open: r.open === 1,
-  cancelled: r.cancelled === 1,
+  open: r.open === true || r.open === 1,
+  cancelled: r.cancelled === true || r.cancelled === 1,
   createdAt: r.created_at,
   endedAt: r.ended_at,
   outcome: toOutcome(r.outcome),
@@ -124,8 +125,8 @@ export class FirmwareJobStore {
 
   constructor(db: Db) {
     this.s = {
-      byId: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE id = ?'),
-      openOf: db.prepare<[string], Row>('SELECT * FROM fw_jobs WHERE device_id = ? AND open = 1'),
+      byId: db.prepare<[string], JobRow>('SELECT * FROM fw_jobs WHERE id = ?'),
+      openOf: db.prepare<[string], JobRow>('SELECT * FROM fw_jobs WHERE device_id = ? AND open = 1'),
       openCount: db.prepare<[], number>('SELECT count(*) FROM fw_jobs WHERE open = 1').pluck(),
       insert: db.prepare(
         `INSERT INTO fw_jobs (id, device_id, name, sha256, size, token_hash, token_expires, created_at, url)

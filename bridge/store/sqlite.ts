@@ -10,6 +10,7 @@ import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
 import { FIRMWARE_JOB_MIGRATION, FIRMWARE_JOB_URL_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
 import { promised } from '../../lib/promised.js';
+import type { ProductConfig } from './types.js';
 import {
   type BridgeStore,
   type CommandRepo,
@@ -19,13 +20,13 @@ import {
   type StoreTx,
   type Frontend,
   type NewUser,
-  ProductConfig,
   type Session,
   type Token,
   type TokenKind,
   type User,
   type UserPatch,
 } from './types.js';
+import { type FrontendRow, type SessionRow, type UserRow, toFrontend, toSession, toUser } from './rows.js';
 
 export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   (db) => {
@@ -85,65 +86,6 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   FIRMWARE_JOB_MIGRATION,
   FIRMWARE_JOB_URL_MIGRATION,
 ];
-
-interface FrontendRow {
-  id: string;
-  name: string;
-  config: string;
-  is_default: number;
-  created_at: number;
-}
-
-interface UserRow {
-  id: number;
-  frontend_id: string;
-  login: string;
-  password_hash: string;
-  confirmed: number;
-  data: string;
-  authcode: string;
-  authcode_prev: string | null;
-  authcode_rotated_at: number;
-  created_at: number;
-}
-
-interface SessionRow {
-  id_hash: string;
-  frontend_id: string;
-  user_id: number | null;
-  created_at: number;
-  last_seen_at: number;
-}
-
-const toFrontend = (r: FrontendRow): Frontend => ({
-  id: r.id,
-  name: r.name,
-  // Parsed with defaults, so that a key added later has its default for old rows.
-  config: ProductConfig.parse(JSON.parse(r.config)),
-  isDefault: r.is_default === 1,
-  createdAt: r.created_at,
-});
-
-const toUser = (r: UserRow): User => ({
-  id: r.id,
-  frontendId: r.frontend_id,
-  login: r.login,
-  passwordHash: r.password_hash,
-  confirmed: r.confirmed === 1,
-  data: r.data,
-  authcode: r.authcode,
-  authcodePrev: r.authcode_prev,
-  authcodeRotatedAt: r.authcode_rotated_at,
-  createdAt: r.created_at,
-});
-
-const toSession = (r: SessionRow): Session => ({
-  idHash: r.id_hash,
-  frontendId: r.frontend_id,
-  userId: r.user_id,
-  createdAt: r.created_at,
-  lastSeenAt: r.last_seen_at,
-});
 
 /** Sessions (with their users) kept in memory for the check every request makes. */
 const SESSION_CACHE_MAX = 10_000;

@@ -4,54 +4,17 @@
  * cannot move it back.
  */
 import type { CmdStatusMessage } from '../../../protocol/index.js';
-import type { BridgeCommandState, NewBridgeCommand, StoredCommand } from '../../commands/store.js';
+import {
+  type BridgeCommandState,
+  type CommandRow,
+  type NewBridgeCommand,
+  RANK,
+  type StoredCommand,
+  toCommand,
+} from '../../commands/store.js';
 import type { CommandRepo } from '../types.js';
 import type { Conn } from './conn.js';
 
-interface Row {
-  seq: number;
-  id: string;
-  device_id: string;
-  command: Buffer;
-  priority: 0 | 1 | 2;
-  created_at: number;
-  expires_at: number;
-  state: BridgeCommandState;
-  state_at: number;
-  sent_at: number | null;
-  delivered_at: number | null;
-  started_at: number | null;
-  finished_at: number | null;
-  exit_code: number | null;
-  signal: string | null;
-  output: string | null;
-  truncated: boolean;
-  reason: string | null;
-}
-
-const toCommand = (r: Row): StoredCommand => ({
-  seq: r.seq,
-  id: r.id,
-  deviceId: r.device_id,
-  command: r.command,
-  priority: r.priority,
-  createdAt: r.created_at,
-  expiresAt: r.expires_at,
-  state: r.state,
-  stateAt: r.state_at,
-  sentAt: r.sent_at,
-  deliveredAt: r.delivered_at,
-  startedAt: r.started_at,
-  finishedAt: r.finished_at,
-  exitCode: r.exit_code,
-  signal: r.signal,
-  output: r.output,
-  truncated: r.truncated,
-  reason: r.reason,
-});
-
-/** The order of the states (`RANK` of commands/store.ts): `done`, `failed` and `expired` are all final. */
-const RANK: Record<BridgeCommandState, number> = { queued: 0, sent: 1, running: 2, done: 3, failed: 3, expired: 3 };
 const RANK_SQL = "CASE state WHEN 'queued' THEN 0 WHEN 'sent' THEN 1 WHEN 'running' THEN 2 ELSE 3 END";
 
 const OPEN = "state IN ('queued', 'sent', 'running')";
@@ -77,7 +40,7 @@ export class PgCommandRepo implements CommandRepo {
   }
 
   async get(id: string): Promise<StoredCommand | undefined> {
-    const r = await this.c.query<Row>('SELECT * FROM commands WHERE id = $1', [id]);
+    const r = await this.c.query<CommandRow>('SELECT * FROM commands WHERE id = $1', [id]);
     return r.rows[0] && toCommand(r.rows[0]);
   }
 
@@ -89,7 +52,7 @@ export class PgCommandRepo implements CommandRepo {
   }
 
   async open(deviceId: string, afterSeq: number, limit: number): Promise<StoredCommand[]> {
-    const r = await this.c.query<Row>(
+    const r = await this.c.query<CommandRow>(
       `SELECT * FROM commands WHERE device_id = $1 AND ${OPEN} AND seq > $2 ORDER BY seq LIMIT $3`,
       [deviceId, afterSeq, limit],
     );
@@ -97,7 +60,7 @@ export class PgCommandRepo implements CommandRepo {
   }
 
   async ofDevice(deviceId: string, limit: number, beforeSeq = Number.MAX_SAFE_INTEGER): Promise<StoredCommand[]> {
-    const r = await this.c.query<Row>(
+    const r = await this.c.query<CommandRow>(
       'SELECT * FROM commands WHERE device_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3',
       [deviceId, beforeSeq, limit],
     );

@@ -5,35 +5,10 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { join } from 'node:path';
-import { isFwFinalState } from '../../../protocol/index.js';
-import type { AddOutcome, FirmwareImage } from '../../firmware/catalog.js';
-import { BRIDGE_JOB_OUTCOMES, type FirmwareJob, hashToken, type JobOutcome, type NewJob } from '../../firmware/jobs.js';
+import { type AddOutcome, type FirmwareImage, type ImageRow, toImage } from '../../firmware/catalog.js';
+import { type FirmwareJob, type JobOutcome, type JobRow, type NewJob, hashToken, toJob } from '../../firmware/jobs.js';
 import type { FirmwareRepo, FwJobRepo } from '../types.js';
 import type { Conn } from './conn.js';
-
-interface ImageRow {
-  name: string;
-  platform: string;
-  version: number;
-  from_platforms: string;
-  to_platform: string;
-  size: number;
-  sha256: string;
-  signature: string;
-  added_at: number;
-}
-
-const toImage = (r: ImageRow): FirmwareImage => ({
-  name: r.name,
-  platform: r.platform,
-  version: r.version,
-  from: JSON.parse(r.from_platforms) as string[],
-  toPlatform: r.to_platform,
-  size: r.size,
-  sha256: r.sha256,
-  signature: r.signature,
-  addedAt: r.added_at,
-});
 
 /** The same image: the same bytes with the same metadata (the signature may differ and is not compared). */
 function sameImage(a: FirmwareImage, b: FirmwareImage): boolean {
@@ -108,44 +83,6 @@ export class PgFirmwareRepo implements FirmwareRepo {
     return r.rows.length > 0;
   }
 }
-
-interface JobRow {
-  id: string;
-  device_id: string;
-  name: string;
-  sha256: string;
-  size: number;
-  token_hash: string;
-  token_expires: number;
-  open: boolean;
-  cancelled: boolean;
-  created_at: number;
-  ended_at: number | null;
-  outcome: string | null;
-  url: string | null;
-  prev_token_hash: string | null;
-}
-
-const toOutcome = (s: string | null): JobOutcome | null => {
-  if (s === null) return null;
-  if (isFwFinalState(s)) return s;
-  return BRIDGE_JOB_OUTCOMES.find((o) => o === s) ?? null;
-};
-
-const toJob = (r: JobRow): FirmwareJob => ({
-  id: r.id,
-  deviceId: r.device_id,
-  name: r.name,
-  sha256: r.sha256,
-  size: r.size,
-  tokenExpires: r.token_expires,
-  open: r.open,
-  cancelled: r.cancelled,
-  createdAt: r.created_at,
-  endedAt: r.ended_at,
-  outcome: toOutcome(r.outcome),
-  url: r.url,
-});
 
 /** SQLSTATE `unique_violation`. */
 const UNIQUE_VIOLATION = '23505';

@@ -15,6 +15,7 @@ import type { EventBus } from '../../events/bus.js';
 import type { StorageState } from '../../../lib/sqlite.js';
 import { safeUrl } from '../../../lib/url.js';
 import type { DeviceCredentials } from '../../broker.js';
+import type { ProductConfig } from '../types.js';
 import {
   type BridgeStore,
   type CommandRepo,
@@ -23,7 +24,6 @@ import {
   type Frontend,
   type FwJobRepo,
   type NewUser,
-  ProductConfig,
   type Session,
   type StoreTx,
   type Token,
@@ -37,65 +37,7 @@ import { PgDeviceRepo } from './devices.js';
 import { PgFirmwareRepo, PgFwJobRepo } from './firmware.js';
 import { migratePostgres } from './migrate.js';
 import { openPostgres } from './pool.js';
-
-interface FrontendRow {
-  id: string;
-  name: string;
-  config: string;
-  is_default: boolean;
-  created_at: number;
-}
-
-interface UserRow {
-  id: number;
-  frontend_id: string;
-  login: string;
-  password_hash: string;
-  confirmed: boolean;
-  data: string;
-  authcode: string;
-  authcode_prev: string | null;
-  authcode_rotated_at: number;
-  created_at: number;
-}
-
-interface SessionRow {
-  id_hash: string;
-  frontend_id: string;
-  user_id: number | null;
-  created_at: number;
-  last_seen_at: number;
-}
-
-const toFrontend = (r: FrontendRow): Frontend => ({
-  id: r.id,
-  name: r.name,
-  // Parsed with defaults, so that a key added later has its default for old rows.
-  config: ProductConfig.parse(JSON.parse(r.config)),
-  isDefault: r.is_default,
-  createdAt: r.created_at,
-});
-
-const toUser = (r: UserRow): User => ({
-  id: r.id,
-  frontendId: r.frontend_id,
-  login: r.login,
-  passwordHash: r.password_hash,
-  confirmed: r.confirmed,
-  data: r.data,
-  authcode: r.authcode,
-  authcodePrev: r.authcode_prev,
-  authcodeRotatedAt: r.authcode_rotated_at,
-  createdAt: r.created_at,
-});
-
-const toSession = (r: SessionRow): Session => ({
-  idHash: r.id_hash,
-  frontendId: r.frontend_id,
-  userId: r.user_id,
-  createdAt: r.created_at,
-  lastSeenAt: r.last_seen_at,
-});
+import { type FrontendRow, type SessionRow, type UserRow, toFrontend, toSession, toUser } from '../rows.js';
 
 const USER_COLUMNS: ReadonlyArray<keyof UserRow> = [
   'id',
