@@ -205,8 +205,10 @@ describe('password hasher: bounded concurrency', () => {
       clearInterval(timer);
     }
     const elapsed = performance.now() - started;
-    // The timer kept firing throughout the hash: many ticks, none held back long.
+    // The timer kept firing throughout the hash: many ticks, none held back long. A hash on the event loop would
+    // hold one tick back for the whole hash; a loaded machine (the other test worker) may delay a tick by some
+    // tens of ms, so the bound grows with the hash's time, and stays well under it.
     expect(ticks).toBeGreaterThan(Math.floor(elapsed / 50));
-    expect(largestGap).toBeLessThan(100);
+    expect(largestGap).toBeLessThan(Math.max(100, elapsed / 3));
   });
 });
