@@ -150,6 +150,27 @@ abstract class CommitterBase {
     this.options.onStorageChange?.(full, err);
   }
 
+  /** Batches committed, units of work in them, and batches committed without fsync. */
+  readonly stats = { commits: 0, units: 0, relaxed: 0 };
+
+  /** After a batch committed: counts it, notes a recovery from a full disk, and answers each unit. */
+  protected settle(
+    batch: ReadonlyArray<{ resolve: (value: unknown) => void; reject: (err: unknown) => void }>,
+    results: ReadonlyArray<{ ok: true; value: unknown } | { ok: false; err: unknown }>,
+    relaxed: boolean,
+    changesBefore: number,
+  ): void {
+    this.stats.commits++;
+    this.stats.units += batch.length;
+    if (relaxed) this.stats.relaxed++;
+    if (this.storage.full && this.totalChanges.get()!.n > changesBefore) this.storageChanged(false);
+    batch.forEach((p, i) => {
+      const r = results[i]!;
+      if (r.ok) p.resolve(r.value);
+      else p.reject(this.classify(r.err));
+    });
+  }
+
   /** Rolls back what a failed commit may have left open (SQLite keeps some transactions open after an error). */
   protected leaveTransaction(): void {
     if (!this.db.inTransaction) return;
@@ -175,9 +196,6 @@ export class GroupCommitter extends CommitterBase {
   private queue: Pending<unknown>[] = [];
   private scheduled = false;
   private closed = false;
-  /** Batches committed, units of work in them, and batches committed without fsync. */
-  readonly stats = { commits: 0, units: 0, relaxed: 0 };
-
   /** Built once: a transaction wrapper and the two pragmas cost more to prepare than to run. */
   private readonly runAll: (batch: Pending<unknown>[]) => Array<{ ok: true; value: unknown }>;
   private readonly relax: Database.Statement;
@@ -236,15 +254,7 @@ export class GroupCommitter extends CommitterBase {
       for (const p of batch) p.reject(failure);
       return;
     }
-    this.stats.commits++;
-    this.stats.units += batch.length;
-    if (relaxed) this.stats.relaxed++;
-    if (this.storage.full && this.totalChanges.get()!.n > changesBefore) this.storageChanged(false);
-    batch.forEach((p, i) => {
-      const r = results[i]!;
-      if (r.ok) p.resolve(r.value);
-      else p.reject(this.classify(r.err));
-    });
+    this.settle(batch, results, relaxed, changesBefore);
   }
 
   private commitBatch(batch: Pending<unknown>[]): Array<{ ok: true; value: unknown } | { ok: false; err: unknown }> {
@@ -304,7 +314,6 @@ export class AsyncGroupCommitter extends CommitterBase {
   private scheduled = false;
   private running = false;
   private closed = false;
-  readonly stats = { commits: 0, units: 0, relaxed: 0 };
   private readonly st;
 
   constructor(db: Db, options: GroupCommitterOptions = {}) {
@@ -373,15 +382,7 @@ export class AsyncGroupCommitter extends CommitterBase {
       for (const p of batch) p.reject(failure);
       return;
     }
-    this.stats.commits++;
-    this.stats.units += batch.length;
-    if (relaxed) this.stats.relaxed++;
-    if (this.storage.full && this.totalChanges.get()!.n > changesBefore) this.storageChanged(false);
-    batch.forEach((p, i) => {
-      const r = results[i]!;
-      if (r.ok) p.resolve(r.value);
-      else p.reject(this.classify(r.err));
-    });
+    this.settle(batch, results, relaxed, changesBefore);
   }
 
   private async commitBatch(batch: AsyncPending<unknown>[]): Promise<Outcome[]> {

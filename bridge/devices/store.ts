@@ -110,7 +110,8 @@ export const DEVICE_MIGRATION: Migration = (db) => {
   `);
 };
 
-interface DeviceRow {
+/** A row of `devices`, as either engine reads it. */
+export interface DeviceRow {
   id: string;
   secret_hash: string | null;
   enrolled_at: number;
@@ -139,7 +140,7 @@ interface HistoryRow {
   timestamp: number;
 }
 
-const toDevice = (r: DeviceRow): Device => ({
+export const toDevice = (r: DeviceRow): Device => ({
   id: r.id,
   authcode: r.authcode,
   ownerId: r.owner_id,

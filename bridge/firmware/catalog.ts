@@ -138,7 +138,7 @@ export type AddOutcome =
   { outcome: 'added' | 'exists'; image: FirmwareImage } | { outcome: 'conflict'; image: FirmwareImage };
 
 /** The same image: the same bytes with the same metadata (the signature may differ and is not compared). */
-function sameImage(a: FirmwareImage, b: FirmwareImage): boolean {
+export function sameImage(a: FirmwareImage, b: FirmwareImage): boolean {
   return (
     a.sha256 === b.sha256 &&
     a.size === b.size &&

@@ -5,36 +5,21 @@
  * PostgreSQL store").
  */
 import { compareVersions, type Version } from '../../../protocol/index.js';
-import type {
-  ClaimOutcome,
-  Device,
-  HistoryEntry,
-  NewVersion,
-  SetBy,
-  VarKey,
-  VarRecord,
-  VarType,
+import {
+  type ClaimOutcome,
+  type Device,
+  type DeviceRow,
+  type HistoryEntry,
+  type NewVersion,
+  type SetBy,
+  type VarKey,
+  type VarRecord,
+  type VarType,
+  toDevice,
 } from '../../devices/store.js';
 import { renderDevice } from '../../devices/view.js';
 import type { DeviceRepo } from '../types.js';
 import type { Conn } from './conn.js';
-
-interface DeviceRow {
-  id: string;
-  secret_hash: string | null;
-  enrolled_at: number;
-  authcode: string | null;
-  owner_id: number | null;
-  claimed_at: number | null;
-}
-
-const toDevice = (r: DeviceRow): Device => ({
-  id: r.id,
-  authcode: r.authcode,
-  ownerId: r.owner_id,
-  claimedAt: r.claimed_at,
-  enrolledAt: r.enrolled_at,
-});
 
 const VAR_COLUMNS = 'type, name, value, time, origin, acked, synced, syncacked';
 

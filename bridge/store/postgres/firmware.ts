@@ -5,23 +5,10 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { join } from 'node:path';
-import { type AddOutcome, type FirmwareImage, type ImageRow, toImage } from '../../firmware/catalog.js';
+import { type AddOutcome, type FirmwareImage, type ImageRow, sameImage, toImage } from '../../firmware/catalog.js';
 import { type FirmwareJob, type JobOutcome, type JobRow, type NewJob, hashToken, toJob } from '../../firmware/jobs.js';
 import type { FirmwareRepo, FwJobRepo } from '../types.js';
 import type { Conn } from './conn.js';
-
-/** The same image: the same bytes with the same metadata (the signature may differ and is not compared). */
-function sameImage(a: FirmwareImage, b: FirmwareImage): boolean {
-  return (
-    a.sha256 === b.sha256 &&
-    a.size === b.size &&
-    a.platform === b.platform &&
-    a.version === b.version &&
-    a.toPlatform === b.toPlatform &&
-    a.from.length === b.from.length &&
-    a.from.every((p, i) => p === b.from[i])
-  );
-}
 
 /** How often `add` tries again when the record in its way is gone by the time it reads it. */
 const ADD_ATTEMPTS = 3;
