@@ -1,0 +1,88 @@
+#!/bin/sh
+# Makes (once) and prints the path of a Debian 13 (trixie) root file system for the tests that run devcloud on a
+# real Debian: the .deb booted under systemd (amd64, a bootable root with systemd and Node.js) and the arm releases
+# under qemu-user (arm64 and armhf, a sysroot with Debian's Node.js unpacked, nothing configured, since none of its
+# programs can run here without emulation). Built with debootstrap from Debian's mirror, the one network source the
+# tests use besides the npm registry; kept in the cache folder, so that later runs take no time and need no network.
+#
+# Usage: scripts/debian-root.sh [--arch amd64|arm64|armhf] [--cache DIR] [--mirror URL]
+#   --arch    the root's architecture (default amd64)
+#   --cache   where the roots are kept (default $DEVCLOUD_ROOT_CACHE, else /var/cache/devcloud-test)
+#   --mirror  the Debian mirror (default the first deb.debian.org-style URI of this machine's apt sources)
+# Prints the root's path as its last line. Needs root, debootstrap and, for --arch amd64, nothing else;
+# docs/operations.md, "Testing on real Debian", explains what the tests do with it.
+set -eu
+
+usage() {
+  sed -n '2,13s/^# \{0,1\}//p' "$0"
+}
+
+die() {
+  echo "debian-root.sh: $*" >&2
+  exit 1
+}
+
+arch=amd64
+cache=${DEVCLOUD_ROOT_CACHE:-/var/cache/devcloud-test}
+mirror=
+suite=trixie
+while [ $# -gt 0 ]; do
+  case $1 in
+    --arch) [ $# -ge 2 ] || die "--arch needs a value"; arch=$2; shift 2 ;;
+    --cache) [ $# -ge 2 ] || die "--cache needs a folder"; cache=$2; shift 2 ;;
+    --mirror) [ $# -ge 2 ] || die "--mirror needs a URL"; mirror=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+  esac
+done
+case $arch in amd64 | arm64 | armhf) ;; *) die "--arch must be amd64, arm64 or armhf" ;; esac
+[ "$(id -u)" = 0 ] || die "run as root (debootstrap makes device nodes and sets owners)"
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || die "debootstrap is missing: apt-get install debootstrap"
+PATH=$PATH:/usr/sbin:/sbin
+
+if [ -z "$mirror" ]; then
+  # The mirror apt already uses here: a deb822 URIs: line or a one-line sources.list entry.
+  mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+    sed -n -e 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' -e 's/^deb[[:space:]]\{1,\}\(\[[^]]*\][[:space:]]*\)\{0,1\}\([^[:space:]]*\).*/\2/p' |
+    grep -v security | head -1)
+  [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+fi
+
+# What the tests need in the root. amd64 boots: systemd as PID 1, D-Bus for systemctl, Node.js for the agent
+# (Debian 13's nodejs is 20.19, which the agent's engines field accepts). The arm roots only run Node.js.
+case $arch in
+  amd64) include=systemd,systemd-sysv,dbus,nodejs,ca-certificates,procps ;;
+  *) include=nodejs ;;
+esac
+root=$cache/$suite-$arch
+stamp=$root/.devcloud-root
+want="$suite $arch $include"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "$root"
+  exit 0
+fi
+
+mkdir -p "$cache"
+work=$(mktemp -d "$cache/.building-$arch.XXXXXX")
+trap 'rm -rf "$work"' EXIT INT TERM
+log=$work.log
+echo "debian-root.sh: debootstrap $suite $arch from $mirror (log: $log)" >&2
+if [ "$arch" = amd64 ]; then
+  debootstrap --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" >"$log" 2>&1 ||
+    die "debootstrap failed; the end of $log: $(tail -3 "$log")"
+else
+  # --foreign stops before anything of the root is run (that would need qemu registered with binfmt_misc, which a
+  # container may not allow). Every package it fetched is then unpacked: a sysroot for qemu-user's -L.
+  debootstrap --foreign --arch="$arch" --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" \
+    >"$log" 2>&1 || die "debootstrap failed; the end of $log: $(tail -3 "$log")"
+  for deb in "$work/root"/var/cache/apt/archives/*.deb; do
+    dpkg-deb -x "$deb" "$work/root" || die "cannot unpack $deb"
+  done
+  rm -f "$work/root"/var/cache/apt/archives/*.deb
+fi
+[ -x "$work/root/usr/bin/node" ] || die "the root has no /usr/bin/node"
+echo "$want" >"$work/root/.devcloud-root"
+rm -rf "$root"
+mv "$work/root" "$root"
+rm -f "$log"
+echo "$root"
