@@ -87,8 +87,10 @@ export function createLogger(options: LogOptions): Logger {
   let dest: pino.DestinationStream;
   if (options.destination) dest = options.destination;
   else if (usePretty) {
-    // Loaded only for a terminal: a gateway logging to journald never pays for it.
-    const pretty = createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty;
+    // Loaded only for a terminal: a gateway logging to journald never pays for it. A plain require('...') call,
+    // so that scripts/deps-closure.ts sees the package.
+    const require = createRequire(import.meta.url);
+    const pretty = require('pino-pretty') as typeof PinoPretty;
     dest = pretty({
       sync: true,
       colorize: true,
