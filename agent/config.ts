@@ -371,6 +371,25 @@ export function socketPath(config: AgentConfig, env: NodeJS.ProcessEnv = process
   return join(runtime ?? config.stateDir, 'agent.sock');
 }
 
+/** The installed service's socket: the unit's `RuntimeDirectory=devcloud`. */
+export const SERVICE_SOCKET = '/run/devcloud/agent.sock';
+
+/**
+ * Where the engineer's CLI finds the running agent. An engineer's shell has no `$RUNTIME_DIRECTORY`, so with the
+ * service's own state directory and no `socket.path`, the service's socket is taken when it is there; otherwise
+ * the agent's rule (`socketPath`). docs/operations.md, "The engineer's CLI".
+ */
+export function clientSocketPath(
+  config: AgentConfig,
+  env: NodeJS.ProcessEnv = process.env,
+  exists: (path: string) => boolean = existsSync,
+): string {
+  const own = socketPath(config, env);
+  if (config.socket.path !== undefined || env.RUNTIME_DIRECTORY) return own;
+  if (config.stateDir === defaultStateDir({}) && !exists(own) && exists(SERVICE_SOCKET)) return SERVICE_SOCKET;
+  return own;
+}
+
 /**
  * The installed config file, read when no other is named and it exists: the service and the engineer's CLI on
  * the same gateway then agree on the broker, the state directory and the socket.

@@ -56,7 +56,8 @@ case $arch in
 esac
 root=$cache/$suite-$arch
 stamp=$root/.devcloud-root
-want="$suite $arch $include"
+# Bumped when what the script puts into a root changes, so that cached roots are made again.
+want="$suite $arch $include layout=2"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "$root"
   exit 0
@@ -81,6 +82,8 @@ else
   rm -f "$work/root"/var/cache/apt/archives/*.deb
 fi
 [ -x "$work/root/usr/bin/node" ] || die "the root has no /usr/bin/node"
+# debootstrap writes no /etc/hosts; an installed Debian has one, and the agent's default broker is localhost.
+printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$work/root/etc/hosts"
 echo "$want" >"$work/root/.devcloud-root"
 rm -rf "$root"
 mv "$work/root" "$root"

@@ -18,7 +18,7 @@ import {
 import { dirname, join } from 'node:path';
 import mqtt from 'mqtt';
 import { z } from 'zod';
-import { type AgentConfig, defaultConfigFile, socketPath } from '../config.js';
+import { type AgentConfig, defaultConfigFile, clientSocketPath } from '../config.js';
 import { Identity, identityPath } from '../identity.js';
 import { MqttTlsFileError, type MqttTls, mqttClientOptions, readMqttTls } from '../../lib/mqtt-options.js';
 import { safeUrl } from '../../lib/url.js';
@@ -99,7 +99,7 @@ export async function runChecks(config: AgentConfig, env: NodeJS.ProcessEnv): Pr
   const out: Check[] = [];
   const status = await runningStatus(config, env);
   const denied = status === undefined && socketDenied(config, env);
-  const socket = socketPath(config, env);
+  const socket = clientSocketPath(config, env);
   if (status) out.push({ status: 'OK', what: `agent running (answers on ${socket}, ${String(status.state)})` });
   else if (denied) {
     out.push({

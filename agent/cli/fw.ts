@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { createLogger } from '../../lib/log.js';
 import { openDatabase } from '../../lib/sqlite.js';
 import type { AgentConfig } from '../config.js';
-import { socketPath } from '../config.js';
+import { clientSocketPath } from '../config.js';
 import { updaterFor } from '../fw/updater.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
 import { AGENT_MIGRATIONS } from '../migrations.js';
@@ -41,7 +41,7 @@ export async function fwCommand(
   }
   let client: LocalClient | undefined;
   try {
-    client = await LocalClient.connect(socketPath(config, env));
+    client = await LocalClient.connect(clientSocketPath(config, env));
   } catch {
     client = undefined;
   }

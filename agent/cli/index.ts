@@ -8,7 +8,7 @@ import { ConfigError, formatOptions, parseArgs } from '../../lib/config.js';
 import { LOG_LEVELS, createLogger } from '../../lib/log.js';
 import { VERSION } from '../../lib/version.js';
 import { Agent, RESTART_EXIT_CODE } from '../agent.js';
-import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, socketPath } from '../config.js';
+import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, clientSocketPath } from '../config.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
 import { doctorCommand } from './doctor.js';
 import { fwCommand } from './fw.js';
@@ -173,7 +173,7 @@ async function withClient(
   fn: (c: LocalClient) => Promise<number>,
   offline?: () => number | undefined,
 ): Promise<number> {
-  const path = socketPath(config, env);
+  const path = clientSocketPath(config, env);
   let client: LocalClient;
   try {
     client = await LocalClient.connect(path);

@@ -9,7 +9,7 @@ import { openDatabase, type Db } from '../../lib/sqlite.js';
 import { VERSION } from '../../lib/version.js';
 import { commandJson } from '../agent.js';
 import { CommandQueue } from '../commands/queue.js';
-import { type AgentConfig, socketPath } from '../config.js';
+import { type AgentConfig, clientSocketPath } from '../config.js';
 import { updaterFor } from '../fw/updater.js';
 import { Identity, identityPath } from '../identity.js';
 import { LocalClient } from '../local/client.js';
@@ -51,7 +51,7 @@ export interface OfflineState {
 /** Connects to the running agent, or resolves undefined when nothing answers on its socket. */
 export async function tryConnect(config: AgentConfig, env: NodeJS.ProcessEnv): Promise<LocalClient | undefined> {
   try {
-    return await LocalClient.connect(socketPath(config, env));
+    return await LocalClient.connect(clientSocketPath(config, env));
   } catch {
     return undefined;
   }
@@ -60,7 +60,7 @@ export async function tryConnect(config: AgentConfig, env: NodeJS.ProcessEnv): P
 /** Whether the socket is there but this user may not connect to it (not root, not in the agent's group). */
 export function socketDenied(config: AgentConfig, env: NodeJS.ProcessEnv): boolean {
   try {
-    accessSync(socketPath(config, env), constants.W_OK);
+    accessSync(clientSocketPath(config, env), constants.W_OK);
     return false;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'EACCES';
@@ -99,7 +99,7 @@ function safeBroker(url: string): string {
 export function readOfflineState(config: AgentConfig, env: NodeJS.ProcessEnv): OfflineState {
   const s: OfflineState = {
     running: false,
-    socket: socketPath(config, env),
+    socket: clientSocketPath(config, env),
     socketDenied: socketDenied(config, env),
     stateDir: config.stateDir,
     deviceId: null,

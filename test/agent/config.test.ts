@@ -5,7 +5,14 @@
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, socketPath } from '../../agent/config.js';
+import {
+  AGENT_OPTIONS,
+  type AgentConfig,
+  SERVICE_SOCKET,
+  clientSocketPath,
+  loadAgentConfig,
+  socketPath,
+} from '../../agent/config.js';
 import { EXIT, runCli } from '../../agent/cli/index.js';
 import { ConfigError, parseArgs } from '../../lib/config.js';
 import { spawnAgent, tempDir } from '../support/agent.js';
@@ -136,6 +143,29 @@ describe('defaults', () => {
     expect(socketPath(c, env)).toBe('/run/devcloud/agent.sock');
     expect(socketPath(c, {})).toBe('/var/lib/devcloud-a/agent.sock');
     expect(socketPath(load(['--socket', '/tmp/x.sock']), env)).toBe('/tmp/x.sock');
+  });
+
+  it("lead the engineer's CLI to the service's socket from a shell without $RUNTIME_DIRECTORY", () => {
+    const installed = load([], {});
+    expect(installed.stateDir).toBe('/var/lib/devcloud');
+    const there =
+      (...paths: string[]) =>
+      (p: string) =>
+        paths.includes(p);
+    // The service runs: its socket is in /run/devcloud, not in the state directory.
+    expect(clientSocketPath(installed, {}, there(SERVICE_SOCKET))).toBe(SERVICE_SOCKET);
+    // An agent run by hand on the same state directory has its socket there; it is the one asked.
+    expect(clientSocketPath(installed, {}, there(SERVICE_SOCKET, '/var/lib/devcloud/agent.sock'))).toBe(
+      '/var/lib/devcloud/agent.sock',
+    );
+    // Neither answers: the agent's own rule, so that "not running" names the usual place.
+    expect(clientSocketPath(installed, {}, there())).toBe('/var/lib/devcloud/agent.sock');
+    // Another state directory, a configured path or systemd's variable: never the service's socket.
+    expect(clientSocketPath(load(['--state-dir', '/srv/a'], {}), {}, there(SERVICE_SOCKET))).toBe('/srv/a/agent.sock');
+    expect(clientSocketPath(load(['--socket', '/tmp/x.sock'], {}), {}, there(SERVICE_SOCKET))).toBe('/tmp/x.sock');
+    expect(clientSocketPath(installed, { RUNTIME_DIRECTORY: '/run/x' }, there(SERVICE_SOCKET))).toBe(
+      '/run/x/agent.sock',
+    );
   });
 
   it('an empty file is no config at all', () => {
