@@ -48,7 +48,15 @@ interface Options {
   cpuProf: boolean;
   nodeArgs: string[];
   flash:
-    | { changes: number; warmup: number; burst: number; names: number; settings: boolean; dir: string | undefined }
+    | {
+        changes: number;
+        warmup: number;
+        paceMs: number;
+        burst: number;
+        names: number;
+        settings: boolean;
+        dir: string | undefined;
+      }
     | undefined;
 }
 
@@ -64,7 +72,8 @@ const USAGE = `options:
   --source                   run the agent from TypeScript through tsx instead of dist/
   --cpu-prof                 write a V8 CPU profile of the agent to .bench/profiles/
   --node-arg=ARG             pass ARG to node when starting the agent (repeatable; e.g. a V8 heap flag)
-  --flash-changes N          flash: changes made one at a time, each acknowledged before the next (default 2000)
+  --flash-changes N          flash: changes made one at a time, each acknowledged before the next (default 1000)
+  --flash-pace-ms N          flash: pause after each of them, as on a gateway whose changes are apart (default 5)
   --flash-warmup N           flash: changes before them, so that SQLite's log is being written over (default 1100)
   --flash-burst N            flash: changes of the burst, --window outstanding (default 5000)
   --flash-vars N             flash: distinct variables the changes go to in turn (default 50)
@@ -92,7 +101,8 @@ function parseOptions(args: string[]): Options {
         source: { type: 'boolean', default: false },
         'cpu-prof': { type: 'boolean', default: false },
         'node-arg': { type: 'string', multiple: true, default: [] },
-        'flash-changes': { type: 'string', default: '2000' },
+        'flash-changes': { type: 'string', default: '1000' },
+        'flash-pace-ms': { type: 'string', default: '5' },
         'flash-warmup': { type: 'string', default: '1100' },
         'flash-burst': { type: 'string', default: '5000' },
         'flash-vars': { type: 'string', default: '50' },
@@ -131,6 +141,7 @@ function parseOptions(args: string[]): Options {
       : {
           changes: int('flash-changes', parsed['flash-changes'], 1),
           warmup: int('flash-warmup', parsed['flash-warmup'], 0),
+          paceMs: int('flash-pace-ms', parsed['flash-pace-ms'], 0),
           burst: int('flash-burst', parsed['flash-burst'], 1),
           names: int('flash-vars', parsed['flash-vars'], 1),
           settings: parsed['flash-settings'],

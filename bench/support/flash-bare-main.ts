@@ -31,6 +31,8 @@ export interface BareFlashConfig {
    * before that, every commit grows the file, and the file system's journal writes its new size too.
    */
   warmup: number;
+  /** Pause after each measured change, ms (see FlashAgentOptions.paceMs). */
+  paceMs: number;
 }
 
 export interface BareFlashResult {
@@ -96,7 +98,11 @@ function main(): void {
     if (line === 'go') {
       const io0 = readIo('self');
       const t0 = performance.now();
-      for (let i = 0; i < cfg.changes; i++) one(i);
+      const pause = new Int32Array(new SharedArrayBuffer(4));
+      for (let i = 0; i < cfg.changes; i++) {
+        one(i);
+        if (cfg.paceMs > 0) Atomics.wait(pause, 0, 0, cfg.paceMs);
+      }
       const ms = performance.now() - t0;
       const io1 = readIo('self');
       const result: BareFlashResult = {
