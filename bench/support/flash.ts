@@ -120,7 +120,7 @@ export function prepareFlashPlace(opts: { dir: string | undefined; tmp: string }
     if (!writeBytesCount(dir)) {
       throw new Error(
         `write_bytes of /proc/<pid>/io does not count on the file system of ${dir} (tmpfs or overlay?): ` +
-          'run the benchmark as root (for a loop-mounted ext4), or give --flash-dir on ext4, f2fs or xfs',
+          'run the benchmark as root (for a loop-mounted ext4), give --flash-dir on ext4, f2fs or xfs, or --no-flash',
       );
     }
     return {
