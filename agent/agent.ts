@@ -20,7 +20,7 @@ import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue
 import { CommandRunner } from './commands/runner.js';
 import { type FirmwareUpdater, updaterFor } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
-import { AGENT_MIGRATIONS } from './migrations.js';
+import { AGENT_DB_OPTIONS, AGENT_MIGRATIONS } from './migrations.js';
 import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
 import { NearbyListener } from './nearby/listener.js';
@@ -105,7 +105,7 @@ export class Agent {
     log.setBindings({ deviceId: identity.deviceId });
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
-    this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS);
+    this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS, AGENT_DB_OPTIONS);
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log.error({ event: 'storage.full', stateDir: config.stateDir, err: String(err) });

@@ -13,6 +13,7 @@ import { type VarItem, encode, messageId } from '../protocol/index.js';
 import { BareEcho, bareThroughput } from './support/bare-mqtt.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
 import { DurableCloud } from './support/durable-cloud.js';
+import { flashSection } from './support/flash.js';
 import {
   type AgentProcess,
   type BenchBrokerKind,
@@ -46,6 +47,17 @@ interface Options {
   source: boolean;
   cpuProf: boolean;
   nodeArgs: string[];
+  flash:
+    | {
+        changes: number;
+        warmup: number;
+        paceMs: number;
+        burst: number;
+        names: number;
+        settings: boolean;
+        dir: string | undefined;
+      }
+    | undefined;
 }
 
 const USAGE = `options:
@@ -59,7 +71,15 @@ const USAGE = `options:
   --tmp DIR                  where the agent's and the cloud's databases go (default the system's temp folder)
   --source                   run the agent from TypeScript through tsx instead of dist/
   --cpu-prof                 write a V8 CPU profile of the agent to .bench/profiles/
-  --node-arg=ARG             pass ARG to node when starting the agent (repeatable; e.g. a V8 heap flag)`;
+  --node-arg=ARG             pass ARG to node when starting the agent (repeatable; e.g. a V8 heap flag)
+  --flash-changes N          flash: changes made one at a time, each acknowledged before the next (default 1000)
+  --flash-pace-ms N          flash: pause after each of them, as on a gateway whose changes are apart (default 5)
+  --flash-warmup N           flash: changes before them, so that SQLite's log is being written over (default 1100)
+  --flash-burst N            flash: changes of the burst, --window outstanding (default 5000)
+  --flash-vars N             flash: distinct variables the changes go to in turn (default 50)
+  --flash-settings           flash: also the bare loop under other SQLite settings (a table of its own)
+  --flash-dir DIR            flash: put the databases in DIR (default: a loop-mounted ext4 as root, else --tmp)
+  --no-flash                 skip the flash figures`;
 
 function parseOptions(args: string[]): Options {
   let parsed;
@@ -81,6 +101,14 @@ function parseOptions(args: string[]): Options {
         source: { type: 'boolean', default: false },
         'cpu-prof': { type: 'boolean', default: false },
         'node-arg': { type: 'string', multiple: true, default: [] },
+        'flash-changes': { type: 'string', default: '1000' },
+        'flash-pace-ms': { type: 'string', default: '5' },
+        'flash-warmup': { type: 'string', default: '1100' },
+        'flash-burst': { type: 'string', default: '5000' },
+        'flash-vars': { type: 'string', default: '50' },
+        'flash-settings': { type: 'boolean', default: false },
+        'flash-dir': { type: 'string' },
+        'no-flash': { type: 'boolean', default: false },
       },
     }).values;
   } catch (err) {
@@ -108,6 +136,17 @@ function parseOptions(args: string[]): Options {
     source: parsed.source,
     cpuProf: parsed['cpu-prof'],
     nodeArgs: parsed['node-arg'],
+    flash: parsed['no-flash']
+      ? undefined
+      : {
+          changes: int('flash-changes', parsed['flash-changes'], 1),
+          warmup: int('flash-warmup', parsed['flash-warmup'], 0),
+          paceMs: int('flash-pace-ms', parsed['flash-pace-ms'], 0),
+          burst: int('flash-burst', parsed['flash-burst'], 1),
+          names: int('flash-vars', parsed['flash-vars'], 1),
+          settings: parsed['flash-settings'],
+          dir: parsed['flash-dir'],
+        },
   };
 }
 
@@ -326,11 +365,27 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     .split('\n')
     .filter((l) => l.trim().length > 0);
 
+  // 4. Flash: bytes written per change by a fresh agent, against a bare SQLite loop (bench/support/flash.ts).
+  const flash = opts.flash
+    ? await flashSection(
+        { ...opts.flash, window: opts.window },
+        {
+          runtime: prepared.runtime,
+          mqttUrl: broker.url,
+          hasHello: (id) => cloud.hasHello(id),
+          nodeArgs: opts.nodeArgs,
+        },
+        tmp,
+        cleanup,
+      )
+    : undefined;
+
   const met = {
     throughput: agentRate >= TARGET.changesPerSec && rateRatio >= TARGET.shareOfBare,
     pushP50: lat.agentP50 <= p50Limit,
     rssStart: rssStart.rss <= TARGET.rssBytes,
     rssAfter: rssAfter.rss <= TARGET.rssBytes,
+    flash: flash?.met ?? true,
   };
   const allMet = Object.values(met).every(Boolean);
   const f = (n: number) => String(round(n));
@@ -404,9 +459,15 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: undefined,
     },
   ];
+  if (flash) rows.push(...flash.rows);
   console.log('');
   console.log(formatTable(rows));
   console.log('');
+  if (flash && flash.settingsRows.length > 0) {
+    console.log('flash: bytes per change of the bare loop under other SQLite settings (write_bytes; device)');
+    console.log(formatTable(flash.settingsRows));
+    console.log('');
+  }
   if (warnings.length > 0) console.log(`the agent logged ${warnings.length} warning lines; last: ${warnings.at(-1)}`);
   if (cpuProfDir) console.log(`agent CPU profile written to ${cpuProfDir}`);
   console.log(
@@ -464,6 +525,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       agentCounters: status.sync,
       cloudCounters: cloud.counters,
       cloudCommits: cloud.commitStats,
+      flash: flash?.json ?? null,
       agentWarnings: warnings.length,
       allMet,
     }),

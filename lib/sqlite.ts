@@ -15,10 +15,22 @@ export class SchemaTooNewError extends Error {
   override name = 'SchemaTooNewError';
 }
 
-export function openDatabase(path: string, migrations: readonly Migration[]): Db {
+export interface OpenOptions {
+  /**
+   * The page size a new database gets (SQLite's default: 4096). A database made with another one is converted
+   * once, at open, by a `VACUUM` outside WAL mode; when that cannot be done now (another connection, a full disk)
+   * it keeps its page size and the next open tries again. Every WAL commit writes each page it changes whole, plus
+   * a 24-byte header, so small rows changed one commit at a time cost less flash with smaller pages
+   * (docs/operations.md, "Flash wear").
+   */
+  pageSize?: number;
+}
+
+export function openDatabase(path: string, migrations: readonly Migration[], options: OpenOptions = {}): Db {
   mkdirSync(dirname(path), { recursive: true });
   const db = new Database(path);
   try {
+    if (options.pageSize !== undefined) setPageSize(db, options.pageSize);
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = FULL');
     db.pragma('foreign_keys = ON');
@@ -29,6 +41,32 @@ export function openDatabase(path: string, migrations: readonly Migration[]): Db
     throw err;
   }
   return db;
+}
+
+/**
+ * Gives the database `pageSize`: at once when it is new (the page size holds from the first write), by a `VACUUM`
+ * in rollback-journal mode when it has another (a crash during it leaves the old database, rolled back from the
+ * journal at the next open). Left as it is when the conversion fails; `openDatabase` then turns WAL on again.
+ */
+function setPageSize(db: Db, pageSize: number): void {
+  if (db.pragma('page_size', { simple: true }) === pageSize) return;
+  const isNew = (db.pragma('page_count', { simple: true }) as number) === 0;
+  db.pragma(`page_size = ${pageSize}`);
+  if (isNew) return;
+  try {
+    // Only out of WAL mode does a VACUUM take a new page size; another connection open makes this fail at once.
+    const busy = db.pragma('busy_timeout', { simple: true }) as number;
+    db.pragma('busy_timeout = 0');
+    try {
+      if (db.pragma('journal_mode = DELETE', { simple: true }) !== 'delete') return;
+      db.pragma('synchronous = FULL');
+      db.exec('VACUUM');
+    } finally {
+      db.pragma(`busy_timeout = ${busy}`);
+    }
+  } catch {
+    // Kept as it was; tried again at the next open.
+  }
 }
 
 /** Applies the migrations the file has not seen yet, each in its own transaction with the version bump. */
