@@ -230,7 +230,7 @@ $(tail -15 "$log")"
     [ -n "$(ls "$tmp")" ] || die "cross-compiling $pkg_name for $1 made no .node file"
     chmod 755 "$tmp"
     mv "$tmp" "$entry"
-  ) 9>"$cache/.$key.lock" || exit 1
+  ) 9>"$cache/.$key.lock" || { rm -f "$cache/.$key.lock"; exit 1; }
   rm -f "$cache/.$key.lock"
   echo "$entry"
 }

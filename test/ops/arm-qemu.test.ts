@@ -12,6 +12,7 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { type UnixDgramSocket, createSocket } from 'unix-dgram';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { VarJson } from '../../agent/local/messages.js';
 import { type LocalClient } from '../../agent/local/client.js';
@@ -56,6 +57,7 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
   let local: LocalClient | undefined;
   let output = '';
   let stateDir: string;
+  let notify: UnixDgramSocket | undefined;
 
   beforeAll(() => {
     if (skip) return;
@@ -78,6 +80,7 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
 
   afterAll(async () => {
     local?.close();
+    notify?.close();
     if (agent && agent.exitCode === null && agent.signalCode === null) agent.kill('SIGKILL');
     await bridge?.close();
     if (work) rmSync(work, { recursive: true, force: true });
@@ -101,11 +104,20 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
           log: { level: 'info', pretty: 'never' },
         }),
       );
+      // systemd's notification socket, which the agent writes to with the release's unix-dgram, compiled for the CPU.
+      const notifyPath = join(work, 'notify.sock');
+      const notices: string[] = [];
+      notify = createSocket('unix_dgram', (msg) => notices.push(msg.toString()));
+      notify.bind(notifyPath);
       const program = which(`${qemu}-static`) ?? which(qemu)!;
       agent = spawn(
         program,
         ['-L', root, join(root, 'usr/bin/node'), join(release, 'dist/agent/main.js'), 'run', '--config', config],
-        { cwd: work, env: { PATH: process.env.PATH, HOME: work }, stdio: ['ignore', 'pipe', 'pipe'] },
+        {
+          cwd: work,
+          env: { PATH: process.env.PATH, HOME: work, NOTIFY_SOCKET: notifyPath },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
       );
       agent.stdout!.on('data', (d: Buffer) => (output += d.toString()));
       agent.stderr!.on('data', (d: Buffer) => (output += d.toString()));
@@ -123,6 +135,7 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
         SLOW,
       );
       expect(status.version).toBe(VERSION);
+      await until(() => notices.includes('READY=1\nSTATUS=running'), 'READY=1 on the notification socket', SLOW);
       // The SQLite binding qemu loaded for it is the release's, for this CPU.
       const maps = readFileSync(`/proc/${agent.pid}/maps`, 'utf8');
       expect(maps).toContain(join(release, 'node_modules/better-sqlite3/build/Release/better_sqlite3.node'));
@@ -183,6 +196,7 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
       local = undefined;
       agent.kill('SIGTERM');
       expect(await exited, output).toBe(0);
+      expect(notices).toContain('STOPPING=1\nSTATUS=stopping');
     },
   );
 });
