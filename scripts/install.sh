@@ -2,8 +2,8 @@
 # Installs, upgrades or removes devcloud on a Debian machine, from a release made by scripts/release.sh.
 #
 # Usage (as root):
-#   install.sh [--agent] [--bridge] [--no-user] [RELEASE]   install or upgrade
-#   install.sh --uninstall [--purge]                         remove
+#   install.sh [--agent] [--bridge] [--no-user] [--any-arch] [RELEASE]   install or upgrade
+#   install.sh --uninstall [--purge]                                      remove
 #
 #   RELEASE      a devcloud-<version>-linux-<arch>.tar.gz or an unpacked release folder; default: the release this
 #                script is in. One built for another CPU or Node.js ABI is refused
