@@ -271,7 +271,9 @@ check_elf() {
   ' "$1" "$2" || die "the release for $1 has native code for another CPU"
   if [ "$1" = armhf ]; then
     # ARMv7 at most, so that it runs on the oldest gateways Debian's armhf supports.
-    rd=$(command -v "$triplet-readelf" || command -v readelf || true)
+    rd=
+    if [ -n "$triplet" ]; then rd=$(command -v "$triplet-readelf" || true); fi
+    [ -n "$rd" ] || rd=$(command -v readelf || true)
     if [ -n "$rd" ]; then
       find "$2" -name '*.node' | while IFS= read -r f; do
         "$rd" -A "$f" | grep -Eq 'Tag_CPU_arch: v[4-7]' || die "${f#"$2"/} is built for an ARM newer than ARMv7"
