@@ -2,22 +2,24 @@
 # Installs, upgrades or removes devcloud on a Debian machine, from a release made by scripts/release.sh.
 #
 # Usage (as root):
-#   install.sh [--agent] [--bridge] [--no-user] [RELEASE]   install or upgrade
-#   install.sh --uninstall [--purge]                         remove
+#   install.sh [--agent] [--bridge] [--no-user] [--any-arch] [RELEASE]   install or upgrade
+#   install.sh --uninstall [--purge]                                      remove
 #
-#   RELEASE      a devcloud-<version>.tar.gz or an unpacked release folder; default: the release this script is in
+#   RELEASE      a devcloud-<version>-linux-<arch>.tar.gz or an unpacked release folder; default: the release this
+#                script is in. One built for another CPU or Node.js ABI is refused
 #   --agent      a gateway: /etc/devcloud/agent.yaml, devcloud-agent.service enabled (the default role)
 #   --bridge     the cloud host: /etc/devcloud/bridge.yaml, devcloud-bridge.service enabled (both flags: both)
 #   --no-user    do not create the devcloud and devcloud-bridge system users
 #   --uninstall  remove /opt/devcloud, the units and the links; keep /etc/devcloud and the state directories
 #   --purge      with --uninstall: remove /etc/devcloud, /var/lib/devcloud, /var/lib/devcloud-bridge and the users
+#   --any-arch   with DESTDIR: take a release built for another CPU (to package it for that CPU), unchecked
 #
 # DESTDIR=/some/root installs under that root instead (for packaging and tests): no users are created, no
 # systemctl is run, no owner is changed. docs/operations.md, "Install, upgrade, uninstall", explains it all.
 set -eu
 
 usage() {
-  sed -n '2,17s/^# \{0,1\}//p' "$0"
+  sed -n '2,19s/^# \{0,1\}//p' "$0"
 }
 
 say() {
@@ -36,6 +38,7 @@ purge=no
 agent=no
 bridge=no
 users=yes
+any_arch=no
 src=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -44,6 +47,7 @@ while [ $# -gt 0 ]; do
     --no-user) users=no ;;
     --uninstall) action=uninstall ;;
     --purge) purge=yes ;;
+    --any-arch) any_arch=yes ;;
     -h | --help) usage; exit 0 ;;
     -*) die "unknown option: $1 (see --help)" ;;
     *) [ -z "$src" ] || die "more than one release given"; src=$1 ;;
@@ -66,6 +70,7 @@ UNIT_NAMES='devcloud-agent.service devcloud-agent-rollback.service devcloud-brid
 # Real installs touch the system: users, owners, systemd. A DESTDIR install only writes files.
 live=yes
 [ -z "$DESTDIR" ] || live=no
+[ "$any_arch" = no ] || [ "$live" = no ] || die "--any-arch goes with DESTDIR: a machine runs only a release for its own CPU"
 if [ "$live" = yes ] && [ "$(id -u)" != 0 ]; then
   die "run as root (or set DESTDIR to install under another root)"
 fi
@@ -131,10 +136,37 @@ fi
 version=$(sed -n 's/^version=//p' "$new/RELEASE")
 
 # The native modules were built for one architecture and Node.js ABI: refuse a release this machine cannot run
-# before it replaces a working one.
+# before it replaces a working one. The CPU is the one this machine's node is for (a 64-bit kernel may run a 32-bit
+# armhf system); without node, Debian's name for the system's architecture.
+release_platform=$(sed -n 's/^platform=//p' "$new/RELEASE")
+release_abi=$(sed -n 's/^node_abi=//p' "$new/RELEASE")
+built_for="built for: $(grep -E '^(platform|node|node_abi)=' "$new/RELEASE" 2>/dev/null | tr '\n' ' ')"
 if command -v node >/dev/null 2>&1; then
+  platform=$(node -p 'process.platform + "-" + process.arch')
+else
+  case $(dpkg --print-architecture 2>/dev/null || uname -m) in
+    amd64 | x86_64) platform=linux-x64 ;;
+    arm64 | aarch64) platform=linux-arm64 ;;
+    armhf | armv7l) platform=linux-arm ;;
+    *) platform= ;;
+  esac
+fi
+case $platform in linux-arm) arch=armhf ;; *) arch=${platform#linux-} ;; esac
+foreign=no
+if [ -n "$release_platform" ] && [ -n "$platform" ] && [ "$release_platform" != "$platform" ]; then
+  [ "$any_arch" = yes ] ||
+    die "this release is for $release_platform and this machine is $platform: install devcloud-$version-linux-$arch.tar.gz (scripts/release.sh --arch $arch builds it)"
+  foreign=yes
+  say "a release for $release_platform, on this $platform machine (--any-arch): its native modules are not checked"
+fi
+if [ "$foreign" = yes ]; then
+  :
+elif command -v node >/dev/null 2>&1; then
+  abi=$(node -p process.versions.modules)
+  [ -z "$release_abi" ] || [ "$release_abi" = "$abi" ] ||
+    die "this release does not run with $(command -v node) ($(node --version), Node.js ABI $abi); it was $built_for"
   (cd "$new" && node -e 'new (require("better-sqlite3"))(":memory:").close(); require("unix-dgram")') ||
-    die "this release does not run with $(command -v node) ($(node --version)); it was built for: $(grep -E '^(platform|node)=' "$new/RELEASE" 2>/dev/null | tr '\n' ' ')"
+    die "this release does not run with $(command -v node) ($(node --version)); it was $built_for"
 elif [ "$live" = yes ]; then
   die "Node.js is not installed: apt-get install nodejs (20.19 or later), then run this again"
 else

@@ -22,7 +22,11 @@ import { type TestBroker, startBroker } from '../support/brokers.js';
 import { until } from '../support/wait.js';
 
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
-const NAME = `devcloud-${VERSION}`;
+/** The release for this machine, as scripts/release.sh names it by default: Node.js's `arm` is Debian's armhf. */
+const ARCH = process.arch === 'arm' ? 'armhf' : process.arch;
+const NAME = `devcloud-${VERSION}-linux-${ARCH}`;
+/** A CPU this machine is not, as a release's RELEASE names it. */
+const OTHER = process.arch === 'arm64' ? 'linux-x64' : 'linux-arm64';
 
 describe('release and install (DESTDIR)', () => {
   let work: string;
@@ -154,7 +158,9 @@ describe('release and install (DESTDIR)', () => {
     for (const dev of ['typescript', 'vitest', 'tsx', 'eslint', 'better-sqlite3/build/Release/obj.target']) {
       expect(existsSync(join(opt, 'node_modules', dev)), dev).toBe(false);
     }
-    expect(readFileSync(join(opt, 'RELEASE'), 'utf8')).toContain(`node_abi=${process.versions.modules}`);
+    const built = readFileSync(join(opt, 'RELEASE'), 'utf8');
+    expect(built).toContain(`node_abi=${process.versions.modules}\n`);
+    expect(built).toContain(`platform=${process.platform}-${process.arch}\n`);
 
     // Every unit of the checkout, as it is; whatever /opt/devcloud path a unit names exists in the install.
     expect(units.length).toBeGreaterThan(0);
@@ -213,26 +219,65 @@ describe('release and install (DESTDIR)', () => {
     expect(checkout.status).toBe(1);
     expect(checkout.stderr).toContain('is not a devcloud release');
 
-    // A release whose SQLite binding is not one this machine can load (as one built for another CPU would be).
-    const broken = join(work, 'broken');
-    const files: Record<string, string> = {
-      RELEASE: `version=${VERSION}\n`,
-      'package.json': '{"name":"devcloud"}',
-      'dist/agent/main.js': '',
-      'scripts/install.sh': readFileSync(join(release, 'scripts/install.sh'), 'utf8'),
-      'node_modules/better-sqlite3/package.json': '{"name":"better-sqlite3","main":"better_sqlite3.node"}',
-      'node_modules/better-sqlite3/better_sqlite3.node': 'not an ELF file',
-      'README.md': 'broken release\n',
+    /** A release of the given RELEASE whose SQLite binding is not one any machine can load. */
+    const fake = (dir: string, release: string) => {
+      const files: Record<string, string> = {
+        RELEASE: release,
+        'package.json': '{"name":"devcloud"}',
+        'dist/agent/main.js': '',
+        'config/agent.example.yaml': '{}\n',
+        'scripts/install.sh': readFileSync(join(ROOT, 'scripts/install.sh'), 'utf8'),
+        'node_modules/better-sqlite3/package.json': '{"name":"better-sqlite3","main":"better_sqlite3.node"}',
+        'node_modules/better-sqlite3/better_sqlite3.node': 'not an ELF file',
+        'README.md': 'broken release\n',
+      };
+      for (const [f, content] of Object.entries(files)) {
+        mkdirSync(dirname(join(dir, f)), { recursive: true });
+        writeFileSync(join(dir, f), content);
+      }
+      return join(dir, 'scripts/install.sh');
     };
-    for (const [f, content] of Object.entries(files)) {
-      mkdirSync(dirname(join(broken, f)), { recursive: true });
-      writeFileSync(join(broken, f), content);
-    }
-    const r = install(join(broken, 'scripts/install.sh'), []);
-    expect(r.status).toBe(1);
-    expect(r.stderr).toContain('this release does not run with');
-    expect(readFileSync(at('opt/devcloud/README.md'), 'utf8')).toBe(readFileSync(join(release, 'README.md'), 'utf8'));
-    expect(readdirSync(at('opt'))).toEqual(['devcloud']);
+    const kept = () => {
+      expect(readFileSync(at('opt/devcloud/README.md'), 'utf8')).toBe(readFileSync(join(release, 'README.md'), 'utf8'));
+      expect(readdirSync(at('opt'))).toEqual(['devcloud']);
+    };
+
+    // Built for this CPU, as far as it says, but its binding does not load (as one built for another CPU would not).
+    const broken = install(fake(join(work, 'broken'), `version=${VERSION}\n`), []);
+    expect(broken.status).toBe(1);
+    expect(broken.stderr).toContain('this release does not run with');
+    kept();
+
+    // Another Node.js ABI: refused on what RELEASE says, naming it.
+    const abi = install(
+      fake(join(work, 'abi'), `version=${VERSION}\nplatform=${process.platform}-${process.arch}\nnode_abi=1\n`),
+      [],
+    );
+    expect(abi.status).toBe(1);
+    expect(abi.stderr).toContain(`Node.js ABI ${process.versions.modules}); it was built for: platform=`);
+    kept();
+
+    // Another CPU: refused before anything is loaded, naming the release to get instead.
+    const other = fake(
+      join(work, 'other'),
+      `version=${VERSION}\nplatform=${OTHER}\nnode_abi=${process.versions.modules}\n`,
+    );
+    const cpu = install(other, []);
+    expect(cpu.status).toBe(1);
+    expect(cpu.stderr).toContain(
+      `this release is for ${OTHER} and this machine is ${process.platform}-${process.arch}: install ${NAME}.tar.gz`,
+    );
+    kept();
+
+    // Packaging it for that CPU: --any-arch, under DESTDIR only, installs it unchecked.
+    const packaged = install(other, ['--any-arch'], join(work, 'root-other'));
+    expect(packaged.stderr).toContain(`a release for ${OTHER}, on this ${process.platform}-${process.arch} machine`);
+    expect(packaged.status).toBe(0);
+    expect(readFileSync(join(work, 'root-other/opt/devcloud/README.md'), 'utf8')).toBe('broken release\n');
+    const live = spawnSync('sh', [other, '--any-arch'], { cwd: work, env: { PATH: path }, encoding: 'utf8' });
+    expect(live.status).toBe(1);
+    expect(live.stderr).toContain('--any-arch goes with DESTDIR');
+    expect(readFileSync(fakeLog, 'utf8')).toBe('');
   });
 
   it('upgrades /opt/devcloud as a whole, keeping configuration and state, and adds the bridge role', async () => {

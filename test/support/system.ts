@@ -18,6 +18,10 @@ import { expect } from 'vitest';
 
 /** The programs tests run, each with the Debian package that has it. */
 export const PACKAGES = {
+  'aarch64-linux-gnu-g++': 'g++-aarch64-linux-gnu',
+  'aarch64-linux-gnu-gcc': 'gcc-aarch64-linux-gnu',
+  'arm-linux-gnueabihf-g++': 'g++-arm-linux-gnueabihf',
+  'arm-linux-gnueabihf-gcc': 'gcc-arm-linux-gnueabihf',
   busybox: 'busybox',
   debootstrap: 'debootstrap',
   dpkg: 'dpkg',
@@ -26,6 +30,7 @@ export const PACKAGES = {
   gzip: 'gzip',
   ip: 'iproute2',
   lintian: 'lintian',
+  make: 'make',
   mkfifo: 'coreutils',
   mknod: 'coreutils',
   mosquitto: 'mosquitto',
@@ -35,6 +40,8 @@ export const PACKAGES = {
   nsenter: 'util-linux',
   openssl: 'openssl',
   python3: 'python3',
+  'qemu-aarch64-static': 'qemu-user-static',
+  'qemu-arm-static': 'qemu-user-static',
   setpriv: 'util-linux',
   sha256sum: 'coreutils',
   sqlite3: 'sqlite3',
@@ -45,6 +52,8 @@ export const PACKAGES = {
   systemctl: 'systemd',
   tar: 'tar',
   unshare: 'util-linux',
+  'x86_64-linux-gnu-g++': 'g++-x86-64-linux-gnu',
+  'x86_64-linux-gnu-gcc': 'gcc-x86-64-linux-gnu',
 } as const;
 
 export type Program = keyof typeof PACKAGES;
