@@ -3,8 +3,10 @@
 # release (scripts/release.sh), with dpkg-deb alone: no debhelper, nothing downloaded. Each package holds what its
 # program needs and nothing more: the agent's carries no code or module of the bridge (scripts/deps-closure.ts).
 #
-# Usage: scripts/deb.sh [--release TARBALL|DIR] [--out DIR] [--version VERSION] [--only agent|bridge]
-#   --release  the release to package (default: one built now for this machine by scripts/release.sh)
+# Usage: scripts/deb.sh [--arch x64|arm64|armhf | --release TARBALL|DIR] [--out DIR] [--version VERSION]
+#                       [--only agent|bridge]
+#   --arch     build the release for this architecture first (scripts/release.sh --arch; default this machine's)
+#   --release  or package a release made before
 #   --out      where the .deb files go (default release/ in the checkout)
 #   --version  the packages' version (default the release's); a test builds an upgrade with it
 #   --only     build one of the two packages
@@ -12,7 +14,7 @@
 set -eu
 
 usage() {
-  sed -n '2,11s/^# \{0,1\}//p' "$0"
+  sed -n '2,13s/^# \{0,1\}//p' "$0"
 }
 
 die() {
@@ -23,11 +25,13 @@ die() {
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/release
 src=
+arch_opt=
 version=
 only=
 while [ $# -gt 0 ]; do
   case $1 in
     --release) [ $# -ge 2 ] || die "--release needs a tarball or folder"; src=$2; shift 2 ;;
+    --arch) [ $# -ge 2 ] || die "--arch needs x64, arm64 or armhf"; arch_opt=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a folder"; out=$2; shift 2 ;;
     --version) [ $# -ge 2 ] || die "--version needs a value"; version=$2; shift 2 ;;
     --only) [ $# -ge 2 ] || die "--only needs agent or bridge"; only=$2; shift 2 ;;
@@ -36,6 +40,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $only in '' | agent | bridge) ;; *) die "--only must be agent or bridge" ;; esac
+case $arch_opt in '' | x64 | arm64 | armhf) ;; *) die "--arch must be x64, arm64 or armhf" ;; esac
+[ -z "$arch_opt" ] || [ -z "$src" ] || die "--arch and --release do not go together: the release has its architecture"
 command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb is missing: apt-get install dpkg"
 [ -x "$root/node_modules/.bin/tsx" ] || die "no node_modules in the checkout: run npm ci first"
 mkdir -p "$out"
@@ -46,7 +52,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/devcloud-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
 
 if [ -z "$src" ]; then
-  src=$(sh "$root/scripts/release.sh" --out "$work" | tail -1) || die "the release could not be built"
+  src=$(sh "$root/scripts/release.sh" ${arch_opt:+--arch "$arch_opt"} --out "$work" | tail -1) ||
+    die "the release could not be built"
 fi
 [ -e "$src" ] || die "no release at $src"
 rel=$work/release

@@ -68,18 +68,28 @@ work=$(mktemp -d "$cache/.building-$arch.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
 log=$work.log
 echo "debian-root.sh: debootstrap $suite $arch from $mirror (log: $log)" >&2
-if [ "$arch" = amd64 ]; then
-  debootstrap --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" >"$log" 2>&1 ||
-    die "debootstrap failed; the end of $log: $(tail -3 "$log")"
-else
-  # --foreign stops before anything of the root is run (that would need qemu registered with binfmt_misc, which a
-  # container may not allow). Every package it fetched is then unpacked: a sysroot for qemu-user's -L.
-  debootstrap --foreign --arch="$arch" --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" \
-    >"$log" 2>&1 || die "debootstrap failed; the end of $log: $(tail -3 "$log")"
-  for deb in "$work/root"/var/cache/apt/archives/*.deb; do
-    dpkg-deb -x "$deb" "$work/root" || die "cannot unpack $deb"
-  done
-  rm -f "$work/root"/var/cache/apt/archives/*.deb
+# $1: the suite's name on the mirror. The mirror may hold trixie's files under both names, one of them stale
+# (an index that no longer matches its packages): the other name is tried before giving up.
+bootstrap() {
+  rm -rf "$work/root"
+  if [ "$arch" = amd64 ]; then
+    debootstrap --variant=minbase --include="$include" "$1" "$work/root" "$mirror" /usr/share/debootstrap/scripts/$suite \
+      >"$log" 2>&1
+  else
+    # --foreign stops before anything of the root is run (that would need qemu registered with binfmt_misc, which
+    # a container may not allow). Every package it fetched is then unpacked: a sysroot for qemu-user's -L.
+    debootstrap --foreign --arch="$arch" --variant=minbase --include="$include" "$1" "$work/root" "$mirror" \
+      /usr/share/debootstrap/scripts/$suite >"$log" 2>&1 || return 1
+    for deb in "$work/root"/var/cache/apt/archives/*.deb; do
+      dpkg-deb -x "$deb" "$work/root" || return 1
+    done
+    rm -f "$work/root"/var/cache/apt/archives/*.deb
+  fi
+}
+if ! bootstrap $suite; then
+  echo "debootstrap $suite failed ($(tail -1 "$log")); trying the mirror's stable, which is $suite" >&2
+  bootstrap stable || die "debootstrap failed; the end of $log: $(tail -3 "$log")"
+  grep -q '^13' "$work/root/etc/debian_version" || die "the mirror's stable is not Debian 13 ($suite)"
 fi
 [ -x "$work/root/usr/bin/node" ] || die "the root has no /usr/bin/node"
 # debootstrap writes no /etc/hosts; an installed Debian has one, and the agent's default broker is localhost.
