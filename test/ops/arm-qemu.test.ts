@@ -2,8 +2,8 @@
  * The arm64 and armhf releases on Debian 13's own Node.js for those CPUs, under qemu-user (docs/operations.md,
  * "Testing on real Debian"); long (`npm run test:long`). For each: scripts/debian-root.sh makes (once) a Debian 13
  * root with its nodejs unpacked, scripts/release.sh builds the release for that CPU (its native modules
- * cross-compiled, or from the cache) and loads them there under qemu, a bridge runs on this machine, and the
- * release's agent runs under `qemu-<cpu>-static -L <root> <root>/usr/bin/node`: it opens its database, connects to
+ * cross-compiled, or from the cache) and loads them there under qemu, scripts/deb.sh makes the agent's package from
+ * it, a bridge runs on this machine, and the agent as the package installs it runs under `qemu-<cpu>-static -L <root> <root>/usr/bin/node`: it opens its database, connects to
  * the bridge's broker, and a variable set through its local socket reaches the bridge and is acknowledged, and one
  * set through the bridge reaches it. qemu is called directly (binfmt_misc need not be set up), so a program the
  * agent itself started would not run: the test needs none. Emulation is slow (Node.js takes seconds to start), so
@@ -48,10 +48,12 @@ function lastLine(out: string): string {
 
 describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch, node, qemu, needs }) => {
   // Checked only when the long tests run: a short run says nothing of what they need.
-  const skip = !LONG || missing(...needs, 'debootstrap', 'make', 'python3', 'root');
+  const skip = !LONG || missing(...needs, 'debootstrap', 'make', 'python3', 'dpkg-deb', 'root');
   let work: string;
   let root: string;
   let release: string;
+  let deb: string;
+  let installed: string;
   let bridge: LiveBridge | undefined;
   let agent: ChildProcess | undefined;
   let local: LocalClient | undefined;
@@ -76,6 +78,16 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
     expect(lastLine(out)).toBe(join(work, 'out', `${name}.tar.gz`));
     execFileSync('tar', ['-xzf', lastLine(out), '-C', work]);
     release = join(work, name);
+    // The gateway's package for the CPU, made from that release: the agent runs from what it installs.
+    deb = lastLine(
+      execFileSync('sh', [join(ROOT, 'scripts/deb.sh'), '--release', lastLine(out), '--only', 'agent', '--out', work], {
+        cwd: ROOT,
+        encoding: 'utf8',
+        stdio: ['ignore', 'pipe', 'pipe'],
+      }),
+    );
+    execFileSync('dpkg-deb', ['-x', deb, join(work, 'pkg')]);
+    installed = join(work, 'pkg/usr/lib/devcloud-agent');
   }, 900_000);
 
   afterAll(async () => {
@@ -87,10 +99,11 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
   });
 
   it.skipIf(skip)(
-    `runs the ${arch} release's agent on Debian's Node.js for it: database, broker, a variable each way`,
+    `runs the ${arch} package's agent on Debian's Node.js for it: database, broker, a variable each way`,
     { timeout: 900_000 },
     async () => {
       expect(readFileSync(join(release, 'RELEASE'), 'utf8')).toContain(`platform=linux-${node}\n`);
+      expect(execFileSync('dpkg-deb', ['-f', deb, 'Architecture'], { encoding: 'utf8' }).trim()).toBe(arch);
       bridge = await startLiveBridge();
       stateDir = join(work, 'state');
       const config = join(work, 'agent.yaml');
@@ -112,7 +125,7 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
       const program = which(`${qemu}-static`) ?? which(qemu)!;
       agent = spawn(
         program,
-        ['-L', root, join(root, 'usr/bin/node'), join(release, 'dist/agent/main.js'), 'run', '--config', config],
+        ['-L', root, join(root, 'usr/bin/node'), join(installed, 'dist/agent/main.js'), 'run', '--config', config],
         {
           cwd: work,
           env: { PATH: process.env.PATH, HOME: work, NOTIFY_SOCKET: notifyPath },
@@ -136,9 +149,9 @@ describe.each(ARCHES)('the $arch release under qemu-user, on Debian 13', ({ arch
       );
       expect(status.version).toBe(VERSION);
       await until(() => notices.includes('READY=1\nSTATUS=running'), 'READY=1 on the notification socket', SLOW);
-      // The SQLite binding qemu loaded for it is the release's, for this CPU.
+      // The SQLite binding qemu loaded for it is the package's, for this CPU.
       const maps = readFileSync(`/proc/${agent.pid}/maps`, 'utf8');
-      expect(maps).toContain(join(release, 'node_modules/better-sqlite3/build/Release/better_sqlite3.node'));
+      expect(maps).toContain(join(installed, 'node_modules/better-sqlite3/build/Release/better_sqlite3.node'));
 
       // A change made on the gateway: stored, sent, acknowledged by the bridge.
       const set = await local.set('d', 'temp', '21.5');
