@@ -33,6 +33,12 @@ import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
 
 export type AgentMode = Mode;
+/**
+ * SQLite's page cache for the agent's connection, KiB. better-sqlite3 builds SQLite with 16 MB, which a burst of
+ * changes fills and malloc never gives back; the agent's working set (the inner pages of the variables' and the
+ * queue's B-trees) fits in far less, and the kernel's page cache holds the rest (docs/agent.md, memory).
+ */
+export const AGENT_CACHE_KIB = 512;
 export const DEFAULT_DEADLEAF_SEC = 300;
 /** The shortest deadleaf period accepted; smaller values would keep the radio on anyway. */
 export const MIN_DEADLEAF_SEC = 5;
@@ -106,6 +112,7 @@ export class Agent {
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
     this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS);
+    this.db.pragma(`cache_size = -${AGENT_CACHE_KIB}`);
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log.error({ event: 'storage.full', stateDir: config.stateDir, err: String(err) });
