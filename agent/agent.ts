@@ -20,6 +20,7 @@ import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue
 import { CommandRunner } from './commands/runner.js';
 import { type FirmwareUpdater, updaterFor } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
+import { IdleCollector } from './idle-gc.js';
 import { AGENT_MIGRATIONS } from './migrations.js';
 import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
@@ -83,6 +84,7 @@ export class Agent {
   private readonly reporter: HeardReporter;
   private readonly hook: ChangeHook | undefined;
   private readonly report: MetaReporter;
+  private readonly idleGc: IdleCollector;
   private readonly startedAt: number;
   /** Monotonic time at start: uptime must not jump when the clock is corrected. */
   private readonly startedMono: number;
@@ -224,6 +226,10 @@ export class Agent {
       now,
       log,
     });
+    // Idle means no variable traffic: the changes, acks and syncs counted by the sync engine.
+    this.idleGc = new IdleCollector({
+      activity: () => Object.values(this.vars.counters).reduce((a, b) => a + b, 0),
+    });
     this.nearby = new NearbyListener({
       port: config.udp.port,
       ipv6: config.udp.ipv6,
@@ -290,6 +296,7 @@ export class Agent {
       platform: deps.config.platform,
     });
     agent.wake();
+    agent.idleGc.start();
     return agent;
   }
 
@@ -305,6 +312,7 @@ export class Agent {
     this.commands.stop();
     this.firmware.stop();
     this.report.stop();
+    this.idleGc.stop();
     this.commit.flush();
     // Let the acknowledgements of what just committed go out before the connection closes.
     await new Promise((r) => setImmediate(r));
