@@ -3,8 +3,10 @@
  * its old generation grow by at least 8 MB past what was live at the last full collection, whatever
  * `--heap-growing-percent` says, and keeps those pages until its memory reducer runs, some time after the
  * allocation rate has fallen, and not every time. Here, every `everyMs`, the agent looks at the heap: when it
- * has grown `growthBytes` past its size after the last collection and no work was done since the last look, one
- * full collection runs, so that a gateway's memory falls back soon after every burst, not at V8's own pace. With
+ * is `growthBytes` larger than the smallest it has been and no work was done since the last look, a full
+ * collection runs, so that a gateway's memory falls back soon after every burst, not at V8's own pace. One
+ * collection moves only so much; while the heap stays that large the next quiet looks collect again, at most
+ * `maxTries` times, after which its size is taken as the new normal. With
  * the agent's `--optimize-for-size`, V8 picks the pages to compact by its memory-saving rules (a page about a fifth
  * free qualifies), so that collection empties most of the pages the burst left fragmented and hands them back;
  * without it, V8 compacts only the emptiest few and the heap stays as large.
@@ -18,6 +20,7 @@ export interface IdleCollectorOptions {
   activity: () => number;
   everyMs?: number;
   growthBytes?: number;
+  maxTries?: number;
   /** For tests: the collection (`globalThis.gc`) and the heap's size (V8's `total_heap_size`). */
   gc?: (() => void) | undefined;
   heapBytes?: () => number;
@@ -28,9 +31,12 @@ export class IdleCollector {
   private readonly gc: (() => void) | undefined;
   private readonly heapBytes: () => number;
   private readonly growthBytes: number;
-  /** The heap's size after the last collection (or at start). */
-  private baseline: number;
+  private readonly maxTries: number;
+  /** The smallest the heap has been (at start, after a collection, or as taken to be normal). */
+  private floor: number;
   private lastActivity: number;
+  /** Collections since the last work was seen. */
+  private tries = 0;
   /** Collections run. */
   collections = 0;
 
@@ -39,7 +45,8 @@ export class IdleCollector {
     this.gc = typeof gc === 'function' ? gc : undefined;
     this.heapBytes = opts.heapBytes ?? (() => getHeapStatistics().total_heap_size);
     this.growthBytes = opts.growthBytes ?? 4 * 1024 * 1024;
-    this.baseline = this.heapBytes();
+    this.maxTries = opts.maxTries ?? 3;
+    this.floor = this.heapBytes();
     this.lastActivity = opts.activity();
   }
 
@@ -57,15 +64,24 @@ export class IdleCollector {
   /** One look: collects when the heap has grown and the agent has been idle since the last look. */
   look(): boolean {
     const activity = this.opts.activity();
-    const idle = activity === this.lastActivity;
-    this.lastActivity = activity;
+    if (activity !== this.lastActivity) {
+      this.lastActivity = activity;
+      this.tries = 0;
+      return false;
+    }
     const size = this.heapBytes();
     // A heap that shrank by itself (V8's memory reducer) is the new reference.
-    if (size < this.baseline) this.baseline = size;
-    if (!idle || !this.gc || size < this.baseline + this.growthBytes) return false;
+    this.floor = Math.min(this.floor, size);
+    if (!this.gc || size < this.floor + this.growthBytes) return false;
+    if (this.tries >= this.maxTries) {
+      // What is live has grown: this is the heap's size now.
+      this.floor = size;
+      return false;
+    }
     this.gc();
     this.collections++;
-    this.baseline = this.heapBytes();
+    this.tries++;
+    this.floor = Math.min(this.floor, this.heapBytes());
     return true;
   }
 }

@@ -61,6 +61,35 @@ describe('IdleCollector', () => {
     expect(s.collections).toBe(1);
   });
 
+  it('collects again at the next quiet looks while the heap stays large, at most maxTries times', () => {
+    const { s } = fakeAgent();
+    let frees = 3 * MB;
+    const gc = () => {
+      s.collections++;
+      s.heap -= frees;
+    };
+    const c = new IdleCollector({ activity: () => s.activity, heapBytes: () => s.heap, gc, maxTries: 3 });
+    // A burst took 12 MB; each collection frees only 3 MB of it.
+    s.activity++;
+    s.heap += 12 * MB;
+    expect(c.look()).toBe(false); // traffic since the last look
+    expect([c.look(), c.look(), c.look(), c.look()]).toEqual([true, true, true, false]);
+    expect(s.heap).toBe(23 * MB);
+    expect(s.collections).toBe(3);
+    // Then what is live really grows by 6 MB, and collections free nothing: three tries, then that is the normal.
+    frees = 0;
+    s.activity++;
+    s.heap = 26 * MB;
+    expect(c.look()).toBe(false);
+    expect([c.look(), c.look(), c.look(), c.look(), c.look()]).toEqual([true, true, true, false, false]);
+    expect(s.collections).toBe(6);
+    // The next burst is measured from there: 3 MB more is not worth a collection.
+    s.activity++;
+    s.heap = 29 * MB;
+    expect([c.look(), c.look()]).toEqual([false, false]);
+    expect(s.collections).toBe(6);
+  });
+
   it('does nothing without a gc function (node without --expose-gc)', () => {
     vi.useFakeTimers();
     const { s } = fakeAgent();
