@@ -20,6 +20,7 @@ import { CommandQueue, type Outcome, type QueuedCommand } from './commands/queue
 import { CommandRunner } from './commands/runner.js';
 import { type FirmwareUpdater, updaterFor } from './fw/updater.js';
 import { type Identity, loadIdentity } from './identity.js';
+import { IdleCollector } from './idle-gc.js';
 import { AGENT_DB_OPTIONS, AGENT_MIGRATIONS } from './migrations.js';
 import type { CommandJson, QueueJson } from './local/messages.js';
 import { LocalServer } from './local/server.js';
@@ -33,6 +34,12 @@ import { VarStore } from './vars/store.js';
 import { type ChangeEvent, VarSync } from './vars/sync.js';
 
 export type AgentMode = Mode;
+/**
+ * SQLite's page cache for the agent's connection, KiB. better-sqlite3 builds SQLite with 16 MB, which a burst of
+ * changes fills and malloc never gives back; the agent's working set (the inner pages of the variables' and the
+ * queue's B-trees) fits in far less, and the kernel's page cache holds the rest (docs/agent.md, memory).
+ */
+export const AGENT_CACHE_KIB = 512;
 export const DEFAULT_DEADLEAF_SEC = 300;
 /** The shortest deadleaf period accepted; smaller values would keep the radio on anyway. */
 export const MIN_DEADLEAF_SEC = 5;
@@ -77,6 +84,7 @@ export class Agent {
   private readonly reporter: HeardReporter;
   private readonly hook: ChangeHook | undefined;
   private readonly report: MetaReporter;
+  private readonly idleGc: IdleCollector;
   private readonly startedAt: number;
   /** Monotonic time at start: uptime must not jump when the clock is corrected. */
   private readonly startedMono: number;
@@ -106,6 +114,7 @@ export class Agent {
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
     this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS, AGENT_DB_OPTIONS);
+    this.db.pragma(`cache_size = -${AGENT_CACHE_KIB}`);
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {
         if (full) log.error({ event: 'storage.full', stateDir: config.stateDir, err: String(err) });
@@ -217,6 +226,10 @@ export class Agent {
       now,
       log,
     });
+    // Idle means no variable traffic: the changes, acks and syncs counted by the sync engine.
+    this.idleGc = new IdleCollector({
+      activity: () => Object.values(this.vars.counters).reduce((a, b) => a + b, 0),
+    });
     this.nearby = new NearbyListener({
       port: config.udp.port,
       ipv6: config.udp.ipv6,
@@ -283,6 +296,7 @@ export class Agent {
       platform: deps.config.platform,
     });
     agent.wake();
+    agent.idleGc.start();
     return agent;
   }
 
@@ -298,6 +312,7 @@ export class Agent {
     this.commands.stop();
     this.firmware.stop();
     this.report.stop();
+    this.idleGc.stop();
     this.commit.flush();
     // Let the acknowledgements of what just committed go out before the connection closes.
     await new Promise((r) => setImmediate(r));

@@ -31,7 +31,10 @@ const TARGET = {
   shareOfBare: 0.5,
   p50Factor: 2,
   p50SlackMs: 2,
-  rssBytes: 80 * 1024 * 1024,
+  /** `VmHWM` over the whole run, the burst of `--rss-changes` included (issue 15). */
+  peakBytes: 64 * 1024 * 1024,
+  /** `VmRSS` once the agent has been idle `--settle-ms` after the burst. */
+  settledBytes: 56 * 1024 * 1024,
 };
 
 interface Options {
@@ -355,6 +358,8 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     settled.push(readRss(agent.pid).rss);
   }
   const rssSettled = settled.at(-1) ?? rssAfter.rss;
+  // VmHWM now: the highest resident size of the whole run, start, rounds, pushes, burst and settling.
+  const rssPeak = readRss(agent.pid).peak;
   const status = await client.status<AgentStatus>();
   const totalChanges = warm + opts.rounds * opts.changes + opts.rssChanges;
 
@@ -383,8 +388,8 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   const met = {
     throughput: agentRate >= TARGET.changesPerSec && rateRatio >= TARGET.shareOfBare,
     pushP50: lat.agentP50 <= p50Limit,
-    rssStart: rssStart.rss <= TARGET.rssBytes,
-    rssAfter: rssAfter.rss <= TARGET.rssBytes,
+    rssPeak: rssPeak <= TARGET.peakBytes,
+    rssSettled: rssSettled <= TARGET.settledBytes,
     flash: flash?.met ?? true,
   };
   const allMet = Object.values(met).every(Boolean);
@@ -427,36 +432,33 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       measured: mb(rssStart.rss),
       baseline: '',
       ratio: '',
-      target: '≤ 80 MB',
-      met: met.rssStart,
+      target: '(reported)',
+      met: undefined,
     },
     {
       figure: `agent RSS after ${opts.rssChanges} changes`,
       measured: mb(rssAfter.rss),
       baseline: '',
       ratio: '',
-      target: '≤ 80 MB',
-      met: met.rssAfter,
-    },
-    ...(opts.settleMs > 0
-      ? [
-          {
-            figure: `agent RSS ${opts.settleMs / 1000} s later, idle`,
-            measured: mb(rssSettled),
-            baseline: '',
-            ratio: '',
-            target: '(reported)',
-            met: undefined,
-          },
-        ]
-      : []),
-    {
-      figure: 'agent RSS peak (VmHWM)',
-      measured: mb(rssAfter.peak),
-      baseline: '',
-      ratio: '',
       target: '(reported)',
       met: undefined,
+    },
+    {
+      // With --settle-ms 0 this is the reading right after the burst, judged all the same.
+      figure: opts.settleMs > 0 ? `agent RSS ${opts.settleMs / 1000} s later, idle` : 'agent RSS settled (no wait)',
+      measured: mb(rssSettled),
+      baseline: '',
+      ratio: '',
+      target: `≤ ${mb(TARGET.settledBytes)}`,
+      met: met.rssSettled,
+    },
+    {
+      figure: 'agent RSS peak of the run (VmHWM)',
+      measured: mb(rssPeak),
+      baseline: '',
+      ratio: '',
+      target: `≤ ${mb(TARGET.peakBytes)}`,
+      met: met.rssPeak,
     },
   ];
   if (flash) rows.push(...flash.rows);
@@ -514,13 +516,16 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
         afterChangesBytes: rssAfter.rss,
         settledBytes: rssSettled,
         settledSeries: settled,
-        peakBytes: rssAfter.peak,
+        peakBytes: rssPeak,
+        peakAfterChangesBytes: rssAfter.peak,
         changes: opts.rssChanges,
         totalChanges,
         longRunChangesPerSec: round(opts.rssChanges / (rssRun.ms / 1000)),
         longRunAgentCpuPerChangeUs: round((rssRun.agentCpuMs * 1000) / opts.rssChanges),
-        targetBytes: TARGET.rssBytes,
-        met: met.rssStart && met.rssAfter,
+        target: { peakBytes: TARGET.peakBytes, settledBytes: TARGET.settledBytes },
+        peakMet: met.rssPeak,
+        settledMet: met.rssSettled,
+        met: met.rssPeak && met.rssSettled,
       },
       agentCounters: status.sync,
       cloudCounters: cloud.counters,

@@ -10,10 +10,6 @@ import { VERSION } from '../../lib/version.js';
 import { Agent, RESTART_EXIT_CODE } from '../agent.js';
 import { AGENT_OPTIONS, type AgentConfig, loadAgentConfig, clientSocketPath } from '../config.js';
 import { LocalClient, LocalClientError } from '../local/client.js';
-import { doctorCommand } from './doctor.js';
-import { fwCommand } from './fw.js';
-import { logsCommand } from './logs.js';
-import { readOfflineQueue, statusCommand } from './status.js';
 import { createNotifier } from '../systemd/notify.js';
 import type { CommandJson, QueueJson, VarJson } from '../local/messages.js';
 
@@ -79,9 +75,11 @@ function takeClientFlags(argv: string[]): { rest: string[]; type: string; json: 
   return { rest, type, json, recent };
 }
 
+// The commands other than `run` and the variable and queue commands are imported when they are run: the running
+// agent never needs them, and each module loaded stays in its heap for good (docs/agent.md, memory).
 export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.ProcessEnv = process.env): Promise<number> {
   // `logs` reads the journal or a file and has flags of its own; it needs no config.
-  if (argv[0] === 'logs') return logsCommand(argv.slice(1), io);
+  if (argv[0] === 'logs') return (await import('./logs.js')).logsCommand(argv.slice(1), io);
   const { rest, type, json, recent } = takeClientFlags(argv);
   const args = parseArgs(rest, AGENT_OPTIONS);
   if (args.help || args.positionals[0] === 'help') {
@@ -99,7 +97,8 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
     problems.push(...err.problems);
   }
   // The doctor reports config problems as its first checks.
-  if (command === 'doctor') return doctorCommand({ config, problems, flags: args.flags, params, env, json, io });
+  if (command === 'doctor')
+    return (await import('./doctor.js')).doctorCommand({ config, problems, flags: args.flags, params, env, json, io });
   if (problems.length > 0 || config === undefined) {
     io.err(`devcloud-agent: ${new ConfigError(problems).message}`);
     io.err('Run devcloud-agent --help for the options.');
@@ -129,7 +128,7 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
     }
     case 'status':
       if (params.length > 0) return usage(io, 'status takes no arguments');
-      return statusCommand(config, env, json, io);
+      return (await import('./status.js')).statusCommand(config, env, json, io);
     case 'queue': {
       if (params.length > 0) return usage(io, 'queue takes no arguments');
       if (!/^\d{1,4}$/.test(recent) || Number(recent) > 1000)
@@ -145,8 +144,8 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
         io,
         async (c) => showQueue(await c.queue(Number(recent))),
         // The queue is in the database: without a running agent it is read from there.
-        () => {
-          const q = readOfflineQueue(config, Number(recent));
+        async () => {
+          const q = (await import('./status.js')).readOfflineQueue(config, Number(recent));
           if (typeof q === 'string') return undefined;
           io.err(`devcloud-agent: the agent is not running; read from ${config.stateDir}`);
           return showQueue(q);
@@ -154,7 +153,7 @@ export async function runCli(argv: string[], io: Out = stdio, env: NodeJS.Proces
       );
     }
     case 'fw':
-      return fwCommand(config, env, params, json, io);
+      return (await import('./fw.js')).fwCommand(config, env, params, json, io);
     default:
       return usage(io, `unknown command ${command}`);
   }
@@ -171,14 +170,14 @@ async function withClient(
   env: NodeJS.ProcessEnv,
   io: Out,
   fn: (c: LocalClient) => Promise<number>,
-  offline?: () => number | undefined,
+  offline?: () => Promise<number | undefined>,
 ): Promise<number> {
   const path = clientSocketPath(config, env);
   let client: LocalClient;
   try {
     client = await LocalClient.connect(path);
   } catch (err) {
-    const done = offline?.();
+    const done = await offline?.();
     if (done !== undefined) return done;
     io.err(`devcloud-agent: ${(err as Error).message}. Is the agent running? (systemctl status devcloud-agent)`);
     return EXIT.unreachable;

@@ -123,7 +123,13 @@ export function spawnAgentProcess(opts: AgentProcessOptions, cleanup: Cleanup): 
     cwd: ROOT,
     // Nothing from the caller's environment or the machine may redirect the socket, the state or the config
     // (RUNTIME_DIRECTORY, DEVCLOUD_*, /etc/devcloud/agent.yaml): the config folder is the empty state folder.
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, CONFIGURATION_DIRECTORY: opts.stateDir },
+    // MALLOC_ARENA_MAX as systemd/devcloud-agent.service sets it, so that memory is measured as on a gateway.
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      CONFIGURATION_DIRECTORY: opts.stateDir,
+      MALLOC_ARENA_MAX: '2',
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
