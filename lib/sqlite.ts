@@ -24,13 +24,22 @@ export interface OpenOptions {
    * (docs/operations.md, "Flash wear").
    */
   pageSize?: number;
+  /**
+   * The largest database converted to `pageSize` (default 64 MiB): a larger one keeps its page size, since its
+   * `VACUUM` would hold up the start (the agent's unit allows 90 s) for a saving a smaller database gets too.
+   */
+  convertUpToBytes?: number;
 }
+
+const CONVERT_UP_TO_BYTES = 64 * 1024 * 1024;
 
 export function openDatabase(path: string, migrations: readonly Migration[], options: OpenOptions = {}): Db {
   mkdirSync(dirname(path), { recursive: true });
   const db = new Database(path);
   try {
-    if (options.pageSize !== undefined) setPageSize(db, options.pageSize);
+    if (options.pageSize !== undefined) {
+      setPageSize(db, options.pageSize, options.convertUpToBytes ?? CONVERT_UP_TO_BYTES);
+    }
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = FULL');
     db.pragma('foreign_keys = ON');
@@ -46,13 +55,16 @@ export function openDatabase(path: string, migrations: readonly Migration[], opt
 /**
  * Gives the database `pageSize`: at once when it is new (the page size holds from the first write), by a `VACUUM`
  * in rollback-journal mode when it has another (a crash during it leaves the old database, rolled back from the
- * journal at the next open). Left as it is when the conversion fails; `openDatabase` then turns WAL on again.
+ * journal at the next open). Left as it is when the conversion fails or the database is larger than
+ * `convertUpToBytes`; `openDatabase` then turns WAL on again.
  */
-function setPageSize(db: Db, pageSize: number): void {
-  if (db.pragma('page_size', { simple: true }) === pageSize) return;
-  const isNew = (db.pragma('page_count', { simple: true }) as number) === 0;
+function setPageSize(db: Db, pageSize: number, convertUpToBytes: number): void {
+  const current = db.pragma('page_size', { simple: true }) as number;
+  if (current === pageSize) return;
+  const pages = db.pragma('page_count', { simple: true }) as number;
+  if (pages * current > convertUpToBytes) return;
   db.pragma(`page_size = ${pageSize}`);
-  if (isNew) return;
+  if (pages === 0) return;
   try {
     // Only out of WAL mode does a VACUUM take a new page size; another connection open makes this fail at once.
     const busy = db.pragma('busy_timeout', { simple: true }) as number;

@@ -54,6 +54,24 @@ describe('openDatabase page size', () => {
     db.close();
   });
 
+  it('leaves a database larger than the conversion limit as it is, working', () => {
+    const path = join(tempDir(), 'large.db');
+    fill(path);
+    const before = openDatabase(path, SCHEMA);
+    const size = (before.pragma('page_count', { simple: true }) as number) * 4096;
+    const expected = rows(before);
+    before.close();
+    const db = openDatabase(path, SCHEMA, { pageSize: 1024, convertUpToBytes: size - 1 });
+    expect(pageSize(db)).toBe(4096);
+    expect(journal(db)).toBe('wal');
+    expect(rows(db)).toEqual(expected);
+    db.close();
+    // At the limit, it is converted.
+    const small = openDatabase(path, SCHEMA, { pageSize: 1024, convertUpToBytes: size });
+    expect(pageSize(small)).toBe(1024);
+    small.close();
+  });
+
   it('keeps the old page size while another connection is open, and converts at the next open', () => {
     const path = join(tempDir(), 'busy.db');
     fill(path);
