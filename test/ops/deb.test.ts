@@ -4,19 +4,42 @@
  * booted with `systemd-nspawn --boot`, systemd as PID 1, a network of its own) installs them with
  * `apt-get install ./…deb` as docs/operations.md says. Then, inside it: both services active, the agent's
  * `Type=notify` readiness, a variable synced with the bridge, `status` and `doctor`, the journal, the watchdog
- * restarting a hung agent, a crash loop handed to the rollback unit by `OnFailure=`, an upgrade that keeps
+ * restarting a hung agent, a crash loop handed to the rollback unit by `OnFailure=`, a firmware update whose new
+ * agent cannot start rolled back by that unit, an upgrade that keeps
  * configuration and state, removal and purge.
  */
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROOT, tempDir } from '../support/agent.js';
+import { buildImage } from '../support/firmware.js';
 import { BootedDebian, debianRoot } from '../support/nspawn.js';
 import { missing } from '../support/system.js';
 
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 const UPGRADE = `${VERSION}+up1`;
+const FW_NAME = 'gateways/linux-x64/devcloud-agent';
+
+/** Run inside the machine with its node: a user signs up, claims the gateway and starts the update. */
+const UPDATE_SCRIPT = `
+const [auth, id, name] = process.argv.slice(2);
+let cookie = '';
+async function post(path, form) {
+  const r = await fetch('http://127.0.0.1:8080' + path, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', ...(cookie ? { cookie } : {}) },
+    body: new URLSearchParams(form).toString(),
+  });
+  const set = r.headers.get('set-cookie');
+  if (set) cookie = set.split(';')[0];
+  return [r.status, await r.text()];
+}
+const a = await post('/0/session/signup', { login: 'fw@example.com', password: 'correct horse battery' });
+const b = await post('/0/devices/', { auth });
+const c = await post('/0/devices/' + id + '/fw/' + name, {});
+console.log(a[0], b[0], c[0], c[1]);
+`;
 
 const NEEDS = missing('root', 'systemd-nspawn', 'nsenter', 'debootstrap', 'dpkg-deb', 'lintian', 'mount');
 
@@ -220,6 +243,59 @@ describe.skipIf(NEEDS)('Debian packages under systemd (systemd-nspawn --boot)', 
     await machine.waitFor(() => active('devcloud-agent') === 'active', 'the agent to run again', 60_000);
     machine.sh('systemctl reset-failed devcloud-agent devcloud-agent-rollback || true');
   }, 120_000);
+
+  it('rolls back a firmware update whose agent cannot start, through OnFailure= and the rollback unit', async () => {
+    // The operator's key and a signed image in the bridge's catalog, with the bridge's own CLI, as its user.
+    const image = buildImage({ name: 'devcloud-agent', version: 5, files: { 'bin/agent.js': 'new agent' } }, work);
+    copyFileSync(image, machine.path('var/tmp/image.tar.gz'));
+    machine.sh(`chmod 644 /var/tmp/image.tar.gz
+      runuser -u devcloud-bridge -- devcloud-bridge firmware keygen --out /var/tmp/keys
+      install -m 644 /var/tmp/keys/signing.pub /etc/devcloud/firmware.pub
+      runuser -u devcloud-bridge -- devcloud-bridge firmware add /var/tmp/image.tar.gz --name ${FW_NAME} \\
+        --platform linux-x64 --version 5 --from linux-x64 --sign-key /var/tmp/keys/signing.key`);
+    // The gateway takes signed images and restarts itself after the switch, as for its own update.
+    machine.sh(`sed -i -e 's#^  publicKeys: \\[\\]#  publicKeys: [/etc/devcloud/firmware.pub]#' \\
+      -e 's#^  restart: none#  restart: agent#' /etc/devcloud/agent.yaml
+      systemctl restart devcloud-agent`);
+    await machine.waitFor(
+      () => /state\s+connected/.test(machine.run(['devcloud-agent', 'status']).stdout),
+      'the agent to connect again',
+    );
+    machine.sh('devcloud-agent var set mode connected');
+    // The new image's agent cannot start: once the switch restarts it, it fails at every start. Given to the
+    // running unit now, it takes effect at that restart.
+    agentDropIn(
+      '[Unit]\nStartLimitBurst=2\nStartLimitIntervalSec=60\n[Service]\nRestartSec=200ms\nEnvironment=DEVCLOUD_UDP_PORT=-1\n',
+    );
+
+    // A user claims the gateway and starts the update through the API.
+    const { authcode, deviceId } = JSON.parse(machine.sh('cat /var/lib/devcloud/identity.json')) as {
+      authcode: string;
+      deviceId: string;
+    };
+    writeFileSync(machine.path('var/tmp/update.mjs'), UPDATE_SCRIPT);
+    const started = machine.sh(`node /var/tmp/update.mjs ${authcode} ${deviceId} ${FW_NAME}`);
+    expect(started.trim()).toBe('201 201 200 device-ok');
+
+    // The switch, the restart into the failing agent, the start limit, then the rollback unit's real rollback.
+    await machine.waitFor(
+      () => machine.journal('devcloud-agent-rollback').some((l) => /rolled back|rollingback|rolledback/i.test(l)),
+      'the rollback unit to roll the update back',
+      120_000,
+    );
+    expect(readlinkSync(machine.path('var/lib/devcloud/slots/current'))).toBe('a');
+    // The old agent starts again once the cause is gone, and reports the rollback to the bridge.
+    agentDropIn(undefined);
+    await machine.waitFor(() => active('devcloud-agent') === 'active', 'the agent to run again', 60_000);
+    const fw = () =>
+      JSON.parse(machine.sh('devcloud-agent fw status --json')) as { state?: string; job?: { state?: string } };
+    await machine.waitFor(() => JSON.stringify(fw()).includes('rolledback'), 'fw status to say rolledback');
+    // It ran up to the switch (the new slot was active) before it was rolled back.
+    const steps = JSON.stringify(fw());
+    expect(steps).toContain('switching');
+    expect(steps).toContain('rollingback');
+    machine.sh('systemctl reset-failed devcloud-agent devcloud-agent-rollback || true');
+  }, 240_000);
 
   it('upgrades in place: configuration and state kept, the services restarted on the new code', async () => {
     machine.sh(`printf '# kept through upgrades\\n' >> /etc/devcloud/agent.yaml`);
