@@ -21,26 +21,38 @@ const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as
 const UPGRADE = `${VERSION}+up1`;
 const FW_NAME = 'gateways/linux-x64/devcloud-agent';
 
-/** Run inside the machine with its node: a user signs up, claims the gateway and starts the update. */
-const UPDATE_SCRIPT = `
-const [auth, id, name] = process.argv.slice(2);
-let cookie = '';
-async function post(path, form) {
+/**
+ * Run inside the machine with its node, against the bridge there: `start AUTH ID NAME` signs a user up, claims the
+ * gateway and starts the update, keeping the session's cookie in a file; `fwstates ID` prints the device's
+ * `fwstate` history in that session, oldest first.
+ */
+const API_SCRIPT = `
+const [mode, ...args] = process.argv.slice(2);
+import { readFileSync, writeFileSync } from 'node:fs';
+const login = { login: 'fw@example.com', password: 'correct horse battery' };
+let cookie = mode === 'start' ? '' : readFileSync('/var/tmp/api.cookie', 'utf8');
+async function call(method, path, form) {
   const r = await fetch('http://127.0.0.1:8080' + path, {
-    method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', ...(cookie ? { cookie } : {}) },
-    body: new URLSearchParams(form).toString(),
+    method,
+    headers: { ...(form ? { 'content-type': 'application/x-www-form-urlencoded' } : {}), ...(cookie ? { cookie } : {}) },
+    body: form ? new URLSearchParams(form).toString() : undefined,
   });
   const set = r.headers.get('set-cookie');
   if (set) cookie = set.split(';')[0];
   return [r.status, await r.text()];
 }
-const a = await post('/0/session/signup', { login: 'fw@example.com', password: 'correct horse battery' });
-const b = await post('/0/devices/', { auth });
-const c = await post('/0/devices/' + id + '/fw/' + name, {});
-console.log(a[0], b[0], c[0], c[1]);
+if (mode === 'start') {
+  const [auth, id, name] = args;
+  const a = await call('POST', '/0/session/signup', login);
+  const b = await call('POST', '/0/devices/', { auth });
+  const c = await call('POST', '/0/devices/' + id + '/fw/' + name, {});
+  writeFileSync('/var/tmp/api.cookie', cookie);
+  console.log(a[0], b[0], c[0], c[1]);
+} else {
+  const [, body] = await call('GET', '/0/devices/' + args[0] + '/meta/fwstate?latest=100');
+  console.log(JSON.parse(body).map((e) => e.value).reverse().join(' '));
+}
 `;
-
 const NEEDS = missing('root', 'systemd-nspawn', 'nsenter', 'debootstrap', 'dpkg-deb', 'lintian', 'mount');
 
 describe.skipIf(NEEDS)('Debian packages under systemd (systemd-nspawn --boot)', () => {
@@ -273,8 +285,8 @@ describe.skipIf(NEEDS)('Debian packages under systemd (systemd-nspawn --boot)', 
       authcode: string;
       deviceId: string;
     };
-    writeFileSync(machine.path('var/tmp/update.mjs'), UPDATE_SCRIPT);
-    const started = machine.sh(`node /var/tmp/update.mjs ${authcode} ${deviceId} ${FW_NAME}`);
+    writeFileSync(machine.path('var/tmp/api.mjs'), API_SCRIPT);
+    const started = machine.sh(`node /var/tmp/api.mjs start ${authcode} ${deviceId} ${FW_NAME}`);
     expect(started.trim()).toBe('201 201 200 device-ok');
 
     // The switch, the restart into the failing agent, the start limit, then the rollback unit's real rollback.
@@ -294,6 +306,18 @@ describe.skipIf(NEEDS)('Debian packages under systemd (systemd-nspawn --boot)', 
     const steps = JSON.stringify(fw());
     expect(steps).toContain('switching');
     expect(steps).toContain('rollingback');
+    // The agent, running again, reports it: the bridge's record of the update ends rolledback.
+    let recorded = '';
+    await machine
+      .waitFor(() => {
+        recorded = machine.sh(`node /var/tmp/api.mjs fwstates ${deviceId}`).trim();
+        return recorded.endsWith('rolledback');
+      }, 'the bridge to record the rollback')
+      .catch((err: Error) => {
+        throw new Error(`${err.message}; fwstate history: ${recorded}`);
+      });
+    // The rollback happened with no agent running, so the bridge hears its end (rolledback), after the switch.
+    expect(recorded).toMatch(/^idle downloading verifying installing switching .*rolledback$/);
     machine.sh('systemctl reset-failed devcloud-agent devcloud-agent-rollback || true');
   }, 240_000);
 

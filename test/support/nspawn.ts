@@ -93,12 +93,13 @@ export class BootedDebian {
         30_000,
       );
       // `--wait` returns when the boot has finished; "degraded" (a unit failed at boot) is still a booted machine.
-      // Before systemd opens its own socket, systemctl cannot ask it at all: asked again.
+      // Before systemd opens its own socket systemctl cannot ask it at all (no answer), and before it has made
+      // /run/systemd/system it says "offline": asked again in both cases.
       let state: Run = { status: -1, stdout: '', stderr: '' };
       await machine.waitFor(
         () => {
           state = machine.run(['systemctl', 'is-system-running', '--wait'], { timeoutMs: 60_000 });
-          return state.stdout.trim() !== '';
+          return !['', 'offline'].includes(state.stdout.trim());
         },
         'systemd in the container to answer',
         60_000,
