@@ -113,7 +113,11 @@ export class Agent {
     log.setBindings({ deviceId: identity.deviceId });
     log.info({ event: 'agent.identity', source, stateDir: config.stateDir });
 
-    this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS, AGENT_DB_OPTIONS);
+    this.db = openDatabase(join(config.stateDir, 'agent.db'), AGENT_MIGRATIONS, {
+      ...AGENT_DB_OPTIONS,
+      // Once per gateway, and it holds up that start: said, so that a slow start has its reason in the journal.
+      onConverted: (info) => log.info({ event: 'store.converted', ...info }),
+    });
     this.db.pragma(`cache_size = -${AGENT_CACHE_KIB}`);
     this.commit = new GroupCommitter(this.db, {
       onStorageChange: (full, err) => {

@@ -29,6 +29,8 @@ export interface OpenOptions {
    * `VACUUM` would hold up the start (the agent's unit allows 90 s) for a saving a smaller database gets too.
    */
   convertUpToBytes?: number;
+  /** Told when a database was converted to `pageSize`: the page size it had, its size and how long it took. */
+  onConverted?: (info: { fromPageSize: number; toPageSize: number; bytes: number; ms: number }) => void;
 }
 
 const CONVERT_UP_TO_BYTES = 64 * 1024 * 1024;
@@ -38,7 +40,7 @@ export function openDatabase(path: string, migrations: readonly Migration[], opt
   const db = new Database(path);
   try {
     if (options.pageSize !== undefined) {
-      setPageSize(db, options.pageSize, options.convertUpToBytes ?? CONVERT_UP_TO_BYTES);
+      setPageSize(db, options.pageSize, options.convertUpToBytes ?? CONVERT_UP_TO_BYTES, options.onConverted);
     }
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = FULL');
@@ -58,7 +60,12 @@ export function openDatabase(path: string, migrations: readonly Migration[], opt
  * journal at the next open). Left as it is when the conversion fails or the database is larger than
  * `convertUpToBytes`; `openDatabase` then turns WAL on again.
  */
-function setPageSize(db: Db, pageSize: number, convertUpToBytes: number): void {
+function setPageSize(
+  db: Db,
+  pageSize: number,
+  convertUpToBytes: number,
+  onConverted: OpenOptions['onConverted'],
+): void {
   const current = db.pragma('page_size', { simple: true }) as number;
   if (current === pageSize) return;
   const pages = db.pragma('page_count', { simple: true }) as number;
@@ -72,7 +79,12 @@ function setPageSize(db: Db, pageSize: number, convertUpToBytes: number): void {
     try {
       if (db.pragma('journal_mode = DELETE', { simple: true }) !== 'delete') return;
       db.pragma('synchronous = FULL');
+      const started = performance.now();
       db.exec('VACUUM');
+      if (db.pragma('page_size', { simple: true }) === pageSize) {
+        const ms = Math.round(performance.now() - started);
+        onConverted?.({ fromPageSize: current, toPageSize: pageSize, bytes: pages * current, ms });
+      }
     } finally {
       db.pragma(`busy_timeout = ${busy}`);
     }

@@ -45,13 +45,19 @@ describe('openDatabase page size', () => {
     const expected = rows(before);
     before.close();
 
-    const db = openDatabase(path, SCHEMA, { pageSize: 1024 });
+    const told: unknown[] = [];
+    const db = openDatabase(path, SCHEMA, { pageSize: 1024, onConverted: (info) => told.push(info) });
     expect(pageSize(db)).toBe(1024);
+    expect(told).toEqual([{ fromPageSize: 4096, toPageSize: 1024, bytes: expect.any(Number), ms: expect.any(Number) }]);
+    expect((told[0] as { bytes: number }).bytes).toBeGreaterThan(4096);
     expect(journal(db)).toBe('wal');
     expect(db.pragma('synchronous', { simple: true })).toBe(2); // FULL
     expect(rows(db)).toEqual(expected);
     expect(db.pragma('integrity_check', { simple: true })).toBe('ok');
     db.close();
+    // Once: the next open finds the page size it wants.
+    openDatabase(path, SCHEMA, { pageSize: 1024, onConverted: (info) => told.push(info) }).close();
+    expect(told).toHaveLength(1);
   });
 
   it('leaves a database larger than the conversion limit as it is, working', () => {
