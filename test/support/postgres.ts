@@ -143,6 +143,17 @@ export async function freshDatabase(label?: string, options: FreshDatabaseOption
       dropped = true;
       await pool.end().catch(() => undefined);
       await onServer(async (c) => {
+        // A pool's end() answers before its connections have closed: those of this pool and of the test's own
+        // pools get a moment to close by themselves, as terminating one that is closing makes its pool emit an
+        // error (uncaught where the pool has no listener).
+        for (let wait = 0; wait < 40; wait++) {
+          const open = await c.query<{ n: number }>(
+            'SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1',
+            [name],
+          );
+          if (open.rows[0]!.n === 0) break;
+          await new Promise((r) => setTimeout(r, 50));
+        }
         // Connections the code under test left open would make DROP DATABASE fail: close them first.
         for (let attempt = 0; ; attempt++) {
           await c.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1', [name]);
