@@ -21,10 +21,11 @@ import { spawn } from 'node:child_process';
 import { pino } from 'pino';
 import { safeUrl } from '../lib/url.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
+import { ensureDefaultFrontend } from '../bridge/frontends/default.js';
 import { hashSecret } from '../bridge/broker.js';
 import { openPostgresStore } from '../bridge/store/postgres/store.js';
 import { SqliteStore } from '../bridge/store/sqlite.js';
-import { type BridgeStore, ProductConfig } from '../bridge/store/types.js';
+import type { BridgeStore } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
 import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
@@ -229,14 +230,7 @@ async function seedStore(
   const hasher = new PasswordHasher({ params: SCRYPT, maxConcurrent: 1, maxQueued: 0 });
   const passwordHash = await hasher.hash(PASSWORD);
   const now = Date.now();
-  const frontend = {
-    id: randomUUID(),
-    name: 'default',
-    config: ProductConfig.parse({}),
-    isDefault: true,
-    createdAt: now,
-  };
-  await store.createFrontend(frontend);
+  const frontend = await ensureDefaultFrontend(store, now);
   const user = await store.write((tx) =>
     tx.createUser({
       frontendId: frontend.id,

@@ -16,11 +16,12 @@ import Database from 'better-sqlite3';
 import { LocalClient } from '../agent/local/client.js';
 import { openDatabase } from '../lib/sqlite.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
+import { ensureDefaultFrontend } from '../bridge/frontends/default.js';
 import { hashSecret } from '../bridge/broker.js';
 import { BridgeConfigSchema } from '../bridge/config.js';
 import type { SetBy } from '../bridge/devices/store.js';
 import { BRIDGE_MIGRATIONS, SqliteStore } from '../bridge/store/sqlite.js';
-import { type DeviceRepo, ProductConfig } from '../bridge/store/types.js';
+import type { DeviceRepo } from '../bridge/store/types.js';
 import { type ServerProcess, prepareBridge, spawnBareHttp, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
 import { type ProbeRun, type ThroughputRun, cookieOf, probe, send, throughput } from './support/http-load.js';
@@ -221,14 +222,7 @@ async function seed(dataDir: string, opts: Options): Promise<Seeded> {
     { device: longDevice, entries: opts.longHistory },
   ];
   try {
-    const frontend = {
-      id: randomUUID(),
-      name: 'default',
-      config: ProductConfig.parse({}),
-      isDefault: true,
-      createdAt: now,
-    };
-    await store.createFrontend(frontend);
+    const frontend = await ensureDefaultFrontend(store, now);
     const [main, fleet] = await store.write(async (tx) => {
       const users = [];
       for (const login of [MAIN_LOGIN, FLEET_LOGIN]) {

@@ -101,22 +101,21 @@ build() {
   done) <"$work/$pkg.files"
   cp "$rel/package.json" "$rel/RELEASE" "$tree$lib/"
   nm=$tree$lib/node_modules
-  # Not loaded: better-sqlite3's test extension; the sources and intermediate files of the native modules (a
-  # package with a binding.gyp keeps only its compiled build/Release/*.node); the packages' tests, examples,
-  # benchmarks, type declarations, docs pages and tool settings. Folders of other names stay: a package's code may
+  # Not loaded, on top of what release.sh already left out (type declarations, source maps, package docs, the
+  # native modules' intermediate files in build/Release): better-sqlite3's test extension; the native modules'
+  # sources and other build files (a package with a binding.gyp keeps only build/Release/*.node); the packages'
+  # tests, examples, benchmarks, docs pages and tool settings. Folders of other names stay: a package's code may
   # live in any of them.
   rm -f "$nm/better-sqlite3/build/Release/test_extension.node"
   find "$nm" -name binding.gyp -type f | while IFS= read -r gyp; do
     native=$(dirname "$gyp")
     rm -rf "$native/src" "$native/deps"
     [ ! -d "$native/build" ] || find "$native/build" -mindepth 1 -maxdepth 1 ! -name Release -exec rm -rf {} +
-    [ ! -d "$native/build/Release" ] || find "$native/build/Release" -mindepth 1 ! -name '*.node' -exec rm -rf {} +
   done
   find "$nm" -type d \( -name test -o -name tests -o -name example -o -name examples -o -name benchmark \
-    -o -name benchmarks -o -name .github \) -prune -exec rm -rf {} +
-  find "$nm" -type f \( -name '*.d.ts' -o -name '*.d.cts' -o -name '*.d.mts' -o -name '*.map' -o -name '*.html' \
-    -o -name .npmignore -o -name '.eslintrc*' -o -name 'eslint.config.*' -o -name '.prettierrc*' \
-    -o -name .editorconfig -o -name '*.sh' \) -exec rm -f {} +
+    -o -name benchmarks \) -prune -exec rm -rf {} +
+  find "$nm" -type f \( -name '*.html' -o -name .npmignore -o -name '.eslintrc*' -o -name 'eslint.config.*' \
+    -o -name '.prettierrc*' -o -name .editorconfig -o -name '*.sh' \) -exec rm -f {} +
   # The debug symbols are most of a native module's size; a gateway never reads them. A library is not run.
   find "$nm" -name '*.node' -type f -exec "$strip" --strip-unneeded {} + -exec chmod 644 {} +
   # Nothing in node_modules is run as a program, but Debian's rule is plain: a file is executable if and only if

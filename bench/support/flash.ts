@@ -251,11 +251,8 @@ function lineReader(proc: ChildProcess, stderr: () => string): () => Promise<str
     });
 }
 
-export interface FlashAgentOptions {
-  runtime: AgentRuntime;
-  mqttUrl: string;
-  /** Whether the cloud has seen the device's hello. */
-  hasHello: (deviceId: string) => boolean;
+/** The changes a flash run makes. */
+export interface FlashPattern {
   /** Changes made one at a time, each waited for until the cloud's acknowledgement is recorded. */
   changes: number;
   /** Changes one at a time before the measured ones, so that the log has been written over once. */
@@ -270,6 +267,13 @@ export interface FlashAgentOptions {
   burst: number;
   window: number;
   names: number;
+}
+
+export interface FlashAgentOptions extends FlashPattern {
+  runtime: AgentRuntime;
+  mqttUrl: string;
+  /** Whether the cloud has seen the device's hello. */
+  hasHello: (deviceId: string) => boolean;
   nodeArgs: string[];
 }
 
@@ -427,13 +431,7 @@ export const FLASH_SETTINGS: readonly FlashSetting[] = [
 /** Target: the agent writes at most this many times the bare loop's bytes per change. */
 export const FLASH_TARGET_FACTOR = 2;
 
-export interface FlashSectionOptions {
-  changes: number;
-  warmup: number;
-  paceMs: number;
-  burst: number;
-  window: number;
-  names: number;
+export interface FlashSectionOptions extends FlashPattern {
   settings: boolean;
   dir: string | undefined;
 }
@@ -447,7 +445,7 @@ const kb = (bytes: number | undefined) => (bytes === undefined ? '–' : `${roun
  */
 export async function flashSection(
   opts: FlashSectionOptions,
-  agent: Omit<FlashAgentOptions, 'changes' | 'warmup' | 'paceMs' | 'burst' | 'window' | 'names'>,
+  agent: Omit<FlashAgentOptions, keyof FlashPattern>,
   tmp: string,
   cleanup: Cleanup,
 ): Promise<{ rows: Row[]; settingsRows: Row[]; json: Record<string, unknown>; met: boolean }> {

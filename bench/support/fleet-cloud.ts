@@ -8,26 +8,13 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import { freePort } from '../../test/support/brokers.js';
+import { databaseUrl, dropDatabase, onServer, quoteIdent as quote } from '../../test/support/pg-server.js';
 import type { Cleanup } from './cleanup.js';
 import { canConnect, readCpuMs, stopChild } from './processes.js';
 
 /** The machine's server, trust auth for local TCP (as the tests use it: test/support/postgres.ts). */
 export const DEFAULT_SERVER_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
-
-const quote = (name: string) => `"${name.replace(/"/g, '""')}"`;
-
-async function onServer<T>(serverUrl: string, work: (c: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: serverUrl, connectionTimeoutMillis: 10_000 });
-  client.on('error', () => undefined);
-  await client.connect();
-  try {
-    return await work(client);
-  } finally {
-    await client.end().catch(() => undefined);
-  }
-}
 
 export interface BenchDatabase {
   name: string;
@@ -56,32 +43,18 @@ export async function createBenchDatabase(serverUrl: string, cleanup: Cleanup): 
     // While the connection is open: its backend exits with it.
     return pid === undefined ? undefined : parentOf(pid);
   });
-  const u = new URL(serverUrl);
-  u.pathname = `/${encodeURIComponent(name)}`;
   // The server's processes are visible only when it runs on this machine.
-  const local = ['127.0.0.1', 'localhost', '::1', '[::1]', ''].includes(u.hostname);
+  const local = ['127.0.0.1', 'localhost', '::1', '[::1]', ''].includes(new URL(serverUrl).hostname);
   let dropped = false;
   const drop = async () => {
     if (dropped) return;
     dropped = true;
-    await onServer(serverUrl, async (c) => {
-      for (let attempt = 0; ; attempt++) {
-        await c.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1', [name]);
-        try {
-          await c.query(`DROP DATABASE IF EXISTS ${quote(name)}`);
-          return;
-        } catch (err) {
-          // 55006: still being accessed (a connection came in meanwhile).
-          if ((err as { code?: string }).code !== '55006' || attempt >= 20) throw err;
-          await new Promise((r) => setTimeout(r, 100));
-        }
-      }
-    });
+    await onServer(serverUrl, (c) => dropDatabase(c, name));
   };
   cleanup.add(`drop the database ${name}`, drop);
   return {
     name,
-    url: u.toString(),
+    url: databaseUrl(serverUrl, name),
     postmasterPid: local ? postmaster : undefined,
     drop,
   };

@@ -2,12 +2,12 @@
  * The default frontend and one user, written through the bridge's own store before the bridge starts, with one
  * password hash at the production cost: what a benchmark that logs in as one user needs.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { PasswordHasher } from '../../bridge/accounts/password.js';
+import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { BridgeConfigSchema } from '../../bridge/config.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
-import { ProductConfig } from '../../bridge/store/types.js';
 
 export async function seedUser(dataDir: string, login: string, password: string): Promise<void> {
   const config = BridgeConfigSchema.parse({ dataDir });
@@ -22,14 +22,7 @@ export async function seedUser(dataDir: string, login: string, password: string)
   const store = new SqliteStore(dataDir);
   try {
     const now = Date.now();
-    const frontend = {
-      id: randomUUID(),
-      name: 'default',
-      config: ProductConfig.parse({}),
-      isDefault: true,
-      createdAt: now,
-    };
-    await store.createFrontend(frontend);
+    const frontend = await ensureDefaultFrontend(store, now);
     await store.write((tx) =>
       tx.createUser({
         frontendId: frontend.id,

@@ -7,14 +7,15 @@
  * hello racing the connect of a new device failed on its variables' foreign key, two reports of one device
  * deadlocked, and a later report could be overwritten by an earlier one.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { rmSync } from 'node:fs';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { DeviceService } from '../../bridge/devices/service.js';
 import { createLogger } from '../../lib/log.js';
-import { type Payloads, messageId } from '../../protocol/index.js';
+import { messageId } from '../../protocol/index.js';
 import { LogSink, tempDir } from '../support/agent.js';
 import { type TestStore, engines, openTestStore } from '../support/bridge.js';
+import { helloMessage } from '../support/mqtt-device.js';
 
 describe.each(await engines())('messages of many devices at once (%s)', (engine) => {
   let dir: string;
@@ -43,18 +44,6 @@ describe.each(await engines())('messages of many devices at once (%s)', (engine)
     rmSync(dir, { recursive: true, force: true });
   });
 
-  const hello = (deviceId: string): Payloads['up/hello'] => ({
-    id: messageId(),
-    protocol: 1,
-    deviceId,
-    authcode: randomBytes(16).toString('hex'),
-    platform: 'test-board',
-    agentVersion: '0.0.1',
-    fwVersion: '1.0',
-    mode: 'master',
-    bootTime: Date.now(),
-    ts: Date.now(),
-  });
   const meta = (deviceId: string, entries: Record<string, string>) =>
     service.handle({ deviceId, name: 'up/meta', payload: { id: messageId(), ts: Date.now(), meta: entries } });
   const metaOf = async (deviceId: string, name: string) =>
@@ -62,7 +51,7 @@ describe.each(await engines())('messages of many devices at once (%s)', (engine)
 
   it('loses nothing, and applies the messages of each device in the order they came', async () => {
     const ids = Array.from({ length: 40 }, () => randomUUID());
-    const hellos = new Map(ids.map((id) => [id, hello(id)]));
+    const hellos = new Map(ids.map((id) => [id, helloMessage(id)]));
     // A new device connects and says hello: the two messages come together.
     await Promise.all(
       ids.flatMap((deviceId) => [
@@ -80,7 +69,7 @@ describe.each(await engines())('messages of many devices at once (%s)', (engine)
     for (let round = 0; round < rounds; round++) {
       for (const deviceId of ids) {
         all.push(meta(deviceId, { alpha: `a${round}`, beta: `b${round}` }));
-        all.push(service.handle({ deviceId, name: 'up/hello', payload: hello(deviceId) }));
+        all.push(service.handle({ deviceId, name: 'up/hello', payload: helloMessage(deviceId) }));
         all.push(service.setVar(deviceId, 'd', 'x', Buffer.from(String(round))));
         all.push(meta(deviceId, { beta: `b${round}'`, alpha: `a${round}'` }));
       }

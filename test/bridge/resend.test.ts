@@ -12,7 +12,7 @@
  * store suite on both engines (test/bridge/store-engines.test.ts), and a device that is sent a change over a live
  * bridge on PostgreSQL acknowledges it in test/bridge/devices.test.ts.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { rmSync } from 'node:fs';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { DeviceService } from '../../bridge/devices/service.js';
@@ -20,6 +20,7 @@ import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { createLogger } from '../../lib/log.js';
 import { type Payloads, type VarItem, ackFor, messageId } from '../../protocol/index.js';
 import { LogSink, tempDir } from '../support/agent.js';
+import { helloMessage } from '../support/mqtt-device.js';
 
 const FIRST = 5000;
 const MAX = 300_000;
@@ -70,18 +71,7 @@ describe('the resend of unacknowledged changes to connected devices', () => {
     await service.handle({
       deviceId,
       name: 'up/hello',
-      payload: {
-        id: messageId(),
-        protocol: 1,
-        deviceId,
-        authcode: randomBytes(16).toString('hex'),
-        platform: 'test-board',
-        agentVersion: '0.0.1',
-        fwVersion: '1.0',
-        mode: 'master',
-        bootTime: Date.now(),
-        ts: Date.now(),
-      },
+      payload: helloMessage(deviceId),
     });
     return deviceId;
   }

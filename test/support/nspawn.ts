@@ -41,7 +41,6 @@ export class BootedDebian {
     private readonly dir: string,
     private readonly root: string,
     private readonly overlay: boolean,
-    private readonly console: () => string,
   ) {}
 
   /** PID of the container's systemd, seen from the host. */
@@ -72,7 +71,7 @@ export class BootedDebian {
     );
     proc.stdout.on('data', (d: Buffer) => (output += d.toString()));
     proc.stderr.on('data', (d: Buffer) => (output += d.toString()));
-    const machine = new BootedDebian(proc, dir, root, overlay, () => output);
+    const machine = new BootedDebian(proc, dir, root, overlay);
     try {
       // The container's systemd is nspawn's child, or its grandchild where nspawn forks a helper first.
       await until(
@@ -175,10 +174,6 @@ export class BootedDebian {
   /** The journal of one unit (messages only), from a cursor-free start: the whole boot. */
   journal(unit: string): string[] {
     return this.sh(`journalctl -u ${unit} -b --no-pager -o cat`).split('\n');
-  }
-
-  consoleOutput(): string {
-    return this.console();
   }
 
   /** Powers the machine off, then removes its copy of the root. */

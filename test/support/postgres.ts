@@ -16,6 +16,7 @@ import { randomBytes } from 'node:crypto';
 import { basename } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, expect } from 'vitest';
+import { databaseUrl, dropDatabase, onServer as onServerAt, quoteIdent as quote } from './pg-server.js';
 import { skipOrFail } from './system.js';
 
 export const DEFAULT_TEST_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -23,13 +24,6 @@ export const DEFAULT_TEST_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/pos
 /** The server's URL for making and dropping test databases. */
 export function testServerUrl(): string {
   return process.env.DEVCLOUD_TEST_DATABASE_URL || DEFAULT_TEST_DATABASE_URL;
-}
-
-/** The URL of another database on the same server, with the same user and options. */
-export function databaseUrl(serverUrl: string, database: string): string {
-  const u = new URL(serverUrl);
-  u.pathname = `/${encodeURIComponent(database)}`;
-  return u.toString();
 }
 
 /** The probe's answer per server URL: undefined when it answered, else why not. Asked once per worker. */
@@ -74,19 +68,8 @@ export async function missingPostgres(): Promise<boolean> {
   return true;
 }
 
-/** Runs `work` on one connection to the server's own database. */
-async function onServer<T>(work: (c: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: testServerUrl(), connectionTimeoutMillis: 10_000 });
-  client.on('error', () => undefined);
-  await client.connect();
-  try {
-    return await work(client);
-  } finally {
-    await client.end().catch(() => undefined);
-  }
-}
-
-const quote = (name: string) => `"${name.replace(/"/g, '""')}"`;
+/** Runs `work` on one connection to the test server's own database. */
+const onServer = <T>(work: (c: pg.Client) => Promise<T>): Promise<T> => onServerAt(testServerUrl(), work);
 
 export interface FreshDatabase {
   /** Its name: `devcloud_test_`, the test file's name, and random characters. */
@@ -142,31 +125,7 @@ export async function freshDatabase(label?: string, options: FreshDatabaseOption
       if (dropped) return;
       dropped = true;
       await pool.end().catch(() => undefined);
-      await onServer(async (c) => {
-        // A pool's end() answers before its connections have closed: those of this pool and of the test's own
-        // pools get a moment to close by themselves, as terminating one that is closing makes its pool emit an
-        // error (uncaught where the pool has no listener).
-        for (let wait = 0; wait < 40; wait++) {
-          const open = await c.query<{ n: number }>(
-            'SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1',
-            [name],
-          );
-          if (open.rows[0]!.n === 0) break;
-          await new Promise((r) => setTimeout(r, 50));
-        }
-        // Connections the code under test left open would make DROP DATABASE fail: close them first.
-        for (let attempt = 0; ; attempt++) {
-          await c.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1', [name]);
-          try {
-            await c.query(`DROP DATABASE IF EXISTS ${quote(name)}`);
-            return;
-          } catch (err) {
-            // 55006: still being accessed (a connection came in meanwhile).
-            if ((err as { code?: string }).code !== '55006' || attempt >= 20) throw err;
-            await new Promise((r) => setTimeout(r, 100));
-          }
-        }
-      });
+      await onServer((c) => dropDatabase(c, name));
     },
   };
 }
