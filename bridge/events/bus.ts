@@ -46,6 +46,16 @@ export const BusEvent = z.discriminatedUnion('type', [
     owned: z.boolean(),
     userId: z.number().int(),
   }),
+  /**
+   * The owner shared the device with `userId` (`shared`), or took the share back (`!shared`); an unregister
+   * ends every share of the device with its `device.registration` event, without one of these per user.
+   */
+  z.object({
+    type: z.literal('device.shared'),
+    deviceId: DeviceId,
+    userId: z.number().int(),
+    shared: z.boolean(),
+  }),
   /** A frontend was made or changed; making one the default changes every other one too. */
   z.object({ type: z.literal('frontend.changed'), id: z.string() }),
   /**
