@@ -239,6 +239,18 @@ export const BridgeConfigSchema = z
          */
         resendFirstMs: z.number().int().min(10).max(3_600_000).default(5000),
         resendMaxMs: z.number().int().min(10).max(86_400_000).default(300_000),
+        /**
+         * `timestamp` on a variable's `POST` (docs/api.md): how far before the bridge's clock it may lie, ms.
+         * Older stamps answer 400 `device-fail`.
+         */
+        timestampPastMs: z
+          .number()
+          .int()
+          .min(0)
+          .max(31 * 86_400_000)
+          .default(3_600_000),
+        /** `timestamp` on a variable's `POST`: how far after the bridge's clock it may lie, ms. */
+        timestampFutureMs: z.number().int().min(0).max(3_600_000).default(60_000),
       })
       .strict()
       .refine((d) => d.resendFirstMs <= d.resendMaxMs, {

@@ -15,15 +15,18 @@ export const ERRORS = {
   'confirm-fail': { status: 400, body: 'confirm-fail' },
   /** The specification's 404 for `GET /0/user/` with no user session, and an unknown frontend (decision 15). */
   'not-found': { status: 404, body: 'not found' },
+  /** The specification: user data too large. */
   'user-data-failed': { status: 413, body: 'user-data-failed' },
-  /** Decision 4: a `POST /0/user/` that is not a set of string fields. */
-  'user-data-fail': { status: 400, body: 'user-data-fail' },
+  /** Decisions 4 and 29: a `POST /0/user/` that is not a set of string fields; the specification's token. */
+  'user-data-malformed': { status: 400, body: 'user-data-failed' },
   /** Decision 3: an endpoint that needs a session, called without a valid one. */
   'no-session': { status: 401, body: 'no-session' },
   /** Decision 14: a device route with an unknown or invisible device or variable, on `GET`. */
   'device-not-found': { status: 404, body: 'device-fail' },
   /** The specification: a device or variable that could not be found, set or deleted; malformed input (decision 4). */
   'device-fail': { status: 400, body: 'device-fail' },
+  /** Decision 26: a variable's `timestamp` at or before its held version's time, which would lose at once. */
+  'device-fail-older': { status: 409, body: 'device-fail-older' },
   'claim-fail': { status: 400, body: 'claim-fail' },
   /** The specification: no firmware image of that name (also a name that cannot be one). */
   'device-fwup-name-fail': { status: 400, body: 'device-fwup-name-fail' },

@@ -260,7 +260,9 @@ export function buildOpenApi(config: BridgeConfig, routes: readonly Route[]): Js
         'unless stated as JSON. Every route also answers `HEAD` for `GET`, and takes its path with or without a ' +
         'trailing slash.\n\n' +
         'Frontend (decision 15): the Host header `<frontend uuid>.<server>`, else the `app` query or form ' +
-        'parameter, else the default frontend. Each frontend has its own users and sessions.\n\n' +
+        'parameter, else the default frontend. Each frontend has its own users and sessions. On `POST /0/user/` ' +
+        'the body is all data, `app` too: there the query parameter, else the session the cookie names, tells ' +
+        'the frontend (decision 25).\n\n' +
         `Session: the cookie \`${COOKIE_NAME}\` (HttpOnly, SameSite=Lax, Path=/, Secure over TLS), idle timeout ` +
         `${config.sessions.idleDays} days, absolute lifetime ${config.sessions.absoluteDays} days. A route that ` +
         'needs a session answers 401 `no-session` without one, except `GET /0/user/`, which answers 404 ' +

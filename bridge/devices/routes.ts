@@ -232,11 +232,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       tag: 'Devices',
       summary: 'One variable, or its history',
       description:
-        'Without `latest` and `from`: the variable (decision 9): a variable record for `d` and `s` (`d` with ' +
-        'the four stamps `time`, `acked`, `synced`, `syncacked`), the bare value as a JSON string for `meta`. ' +
-        'With `latest` or `from`: its history, newest first (decisions 10 and 11): at most `latest` entries ' +
-        `(absent, 0 or more than ${HISTORY_MAX}: ${HISTORY_MAX}), only those with an id below \`from\` when ` +
-        'given. Each entry is `{key, value | value64 | deleted: true, by, type, timestamp, id}`; `by` is ' +
+        'Without `latest`, `from` and `startid`: the variable (decision 9): a variable record for `d` and `s` ' +
+        '(`d` with the four stamps `time`, `acked`, `synced`, `syncacked`), the bare value as a JSON string for ' +
+        '`meta`. With any of them: its history, newest first (decisions 10 and 11): at most `latest` entries ' +
+        `(absent, 0 or more than ${HISTORY_MAX}: ${HISTORY_MAX}); with \`from\`, the newest of those with an id ` +
+        'below it; with `startid`, the oldest of those with an id at or above it (decision 27). Each entry is ' +
+        '`{key, value, by, type, timestamp, id}`, `value` always a string: `""` with `deleted: true` for a ' +
+        'deletion, and beside `value64` (the exact bytes) for bytes that are not UTF-8. `by` is ' +
         '`device`, `user` or `server`. A variable with no history answers `[]`. History older than ' +
         `\`devices.historyDays\` (${d.historyDays}) days, and past the newest \`devices.historyPerVariable\` ` +
         `(${d.historyPerVariable}) entries of the variable, is removed. ${who} \`Cache-Control: no-store\`.`,
@@ -249,15 +251,17 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
           json: named('VariableAnswer', VariableAnswer),
         },
         400: {
-          description: '`latest` or `from` is not a non-negative integer (or is given twice).',
+          description:
+            '`latest`, `from` or `startid` is not a non-negative integer (or is given twice); `from` and `startid` ' +
+            'together.',
           tokens: [token('device-fail')],
         },
         401: NO_SESSION,
         404: {
           ...DEVICE_NOT_FOUND,
           description:
-            '`device-fail`: no device the user may see; a malformed type or name; without `latest` and `from`, a ' +
-            'variable that does not exist or was deleted. `not found`: an unknown frontend.',
+            '`device-fail`: no device the user may see; a malformed type or name; without `latest`, `from` and ' +
+            '`startid`, a variable that does not exist or was deleted. `not found`: an unknown frontend.',
         },
       },
       handler: async (req, reply) => {
@@ -265,13 +269,20 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         const v = variable(req);
         if (!seen || !v) throw new ApiError('device-not-found');
         const q = query(req);
-        if (q.latest !== undefined || q.from !== undefined) {
+        if (q.latest !== undefined || q.from !== undefined || q.startid !== undefined) {
           const h = readForm(q, HistoryQuery);
-          if (!h.latest.ok || !h.from.ok) throw new ApiError('device-fail');
+          if (!h.latest.ok || !h.from.ok || !h.startid.ok) throw new ApiError('device-fail');
+          // One direction at a time: `from` pages backwards, `startid` forwards (decision 27).
+          if (h.from.value !== undefined && h.startid.value !== undefined) throw new ApiError('device-fail');
           const asked = h.latest.value === undefined ? 0 : Number(h.latest.value);
           const limit = asked === 0 || asked > HISTORY_MAX ? HISTORY_MAX : asked;
+          const id = seen.device.id;
+          if (h.startid.value !== undefined) {
+            const since = Number(h.startid.value);
+            return json(reply, renderHistory(await devices.historySince(id, v.type, v.name, limit, since)));
+          }
           const before = h.from.value === undefined ? undefined : Number(h.from.value);
-          return json(reply, renderHistory(await devices.history(seen.device.id, v.type, v.name, limit, before)));
+          return json(reply, renderHistory(await devices.history(id, v.type, v.name, limit, before)));
         }
         const rec = await devices.getVar(seen.device.id, v.type, v.name);
         if (!rec || rec.value === null) throw new ApiError('device-not-found');
@@ -291,7 +302,10 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         'once the bridge has committed it, and `acked` stays 0 until the device acknowledges the version. A `d` ' +
         'variable posted with no value is synchronised: its `synced` stamp advances and the current value is ' +
         'sent again; `syncacked` follows when the device acknowledges. An `s` value is kept on the server only ' +
-        `and is never sent to the device. ${who}`,
+        'and is never sent to the device. `timestamp` (ms since the epoch, as the official client sends it) ' +
+        `stamps the version instead of the bridge's clock: at most \`devices.timestampPastMs\` (${d.timestampPastMs}) ` +
+        `ms before it and \`devices.timestampFutureMs\` (${d.timestampFutureMs}) ms after it; a stamp at or before ` +
+        `the held version's time is refused with 409 (decision 26). ${who}`,
       session: 'required',
       failToken: 'device-fail',
       form: named('VariableForm', VariableForm),
@@ -303,10 +317,17 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
             `type; a malformed name; \`value64\` not base64; a value over \`devices.maxValueBytes\` ` +
             `(${maxValueBytes}) bytes; no value for an \`s\` variable, or for a \`d\` variable that does not ` +
             'exist or was deleted; a body that is not a set of fields (a JSON value that is not an object, a ' +
-            `non-empty body of another content type), which would otherwise read as a sync; ${malformed}.`,
+            `non-empty body of another content type), which would otherwise read as a sync; \`timestamp\` not ` +
+            `a whole number of ms, outside the tolerance, or with no value (a sync); ${malformed}.`,
           tokens: [token('device-fail')],
         },
         401: NO_SESSION,
+        409: {
+          description:
+            "`timestamp` is at or before the time of the variable's current version, which would win over it " +
+            '(last writer wins, decision 26): nothing was changed.',
+          tokens: [token('device-fail-older')],
+        },
       },
       handler: async (req, reply) => {
         const seen = await visible(req, userOf(req));
@@ -315,7 +336,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         // A body that is not a set of fields is malformed, not "no value" (which would be a sync).
         if (!seen || !v || v.type === 'meta' || !bodyIsFields(req)) throw new ApiError('device-fail');
         const form = readForm(fields(req), VariableForm);
-        if (!form.value.ok || !form.value64.ok) throw new ApiError('device-fail');
+        if (!form.value.ok || !form.value64.ok || !form.timestamp.ok) throw new ApiError('device-fail');
+        let stamp: number | undefined;
+        if (form.timestamp.value !== undefined) {
+          stamp = Number(form.timestamp.value);
+          const at = now();
+          if (stamp < at - d.timestampPastMs || stamp > at + d.timestampFutureMs) throw new ApiError('device-fail');
+        }
         let value: Buffer | undefined;
         if (form.value64.value !== undefined) value = Buffer.from(form.value64.value, 'base64');
         else if (form.value.value !== undefined) value = Buffer.from(form.value.value, 'utf8');
@@ -324,10 +351,13 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         let ok: boolean;
         if (value === undefined) {
           // Rule 3: a `d` variable with no value is synchronised; an `s` variable has nothing to sync.
-          if (v.type !== 'd') throw new ApiError('device-fail');
+          // A sync makes no version, so it has nothing to stamp.
+          if (v.type !== 'd' || stamp !== undefined) throw new ApiError('device-fail');
           ok = await service.syncVar(id, v.name);
         } else {
-          ok = await service.setVar(id, v.type, v.name, value);
+          const outcome = await service.setVarAt(id, v.type, v.name, value, stamp);
+          if (outcome === 'older') throw new ApiError('device-fail-older');
+          ok = outcome === 'set';
         }
         if (!ok) throw new ApiError('device-fail');
         return send(reply, 200, 'device-ok');

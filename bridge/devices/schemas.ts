@@ -52,6 +52,15 @@ export function variableForm(maxValueBytes: number) {
       .refine((s) => s.length % 4 === 0, 'not base64')
       .optional()
       .meta({ description: `The new value as base64 (binary values), at most ${maxValueBytes} bytes decoded.` }),
+    timestamp: z
+      .string()
+      .regex(/^\d{1,15}$/)
+      .optional()
+      .meta({
+        description:
+          "The version's time, ms since the epoch, instead of the bridge's clock; within `devices.timestampPastMs` " +
+          "before and `devices.timestampFutureMs` after the bridge's clock, and after the held version's time.",
+      }),
     app: AppField,
   });
 }
@@ -68,6 +77,15 @@ export const HistoryQuery = z.object({
     .regex(/^\d{1,15}$/)
     .optional()
     .meta({ description: 'Page backwards: only entries with an id below this one.' }),
+  startid: z
+    .string()
+    .regex(/^\d{1,15}$/)
+    .optional()
+    .meta({
+      description:
+        'Page forwards, as the official client does: the oldest `latest` entries with an id at or above this one ' +
+        '(answered newest first). Not together with `from`.',
+    }),
   app: AppField,
 });
 
@@ -91,8 +109,12 @@ export const DeviceObject = z.object({
 export const DeviceCollection = z.record(z.string(), DeviceObject);
 export const HistoryEntry = z.object({
   key: z.string(),
-  value: z.string().optional(),
-  value64: z.string().optional(),
+  value: z.string().meta({
+    description:
+      'The value as text: `""` for a deletion; for bytes that are not UTF-8, the bytes read as UTF-8 with U+FFFD ' +
+      'for each invalid sequence (for display only: `value64` holds the exact bytes).',
+  }),
+  value64: z.string().optional().meta({ description: 'The exact bytes in base64, when they are not valid UTF-8.' }),
   deleted: z.literal(true).optional().meta({ description: 'The variable was deleted at this point.' }),
   by: z.enum(['device', 'user', 'server']),
   type: VarTypeParam,

@@ -569,21 +569,39 @@ export class DeviceService {
    * commit; it stays pending until acknowledged. Resolves to `false` when there is nothing to delete.
    */
   async setVar(deviceId: string, type: 'd' | 's', name: string, value: Buffer | null): Promise<boolean> {
+    return (await this.setVarAt(deviceId, type, name, value)) === 'set';
+  }
+
+  /**
+   * `setVar` with the time the caller stamped the version with (`timestamp`, docs/api.md), already checked against
+   * the tolerance. Last writer wins (docs/sync.md): a stamp at or before the held version's time would lose to it
+   * at once, on the bridge and on the device, so the version is not written and the answer is `older`
+   * (decision 26), never an ok for a change that does not take. Without a stamp: now, or just after the held
+   * version. `none`: nothing to delete.
+   */
+  async setVarAt(
+    deviceId: string,
+    type: 'd' | 's',
+    name: string,
+    value: Buffer | null,
+    stamp?: number,
+  ): Promise<'set' | 'none' | 'older'> {
     const now = this.opts.now();
     const rec = await this.opts.store.write(async (tx) => {
       const devices = tx.devices;
       const cur = await devices.getVar(deviceId, type, name, { forUpdate: true });
-      if (value === null && (!cur || cur.value === null)) return undefined;
-      const time = cur ? Math.max(now, cur.time + 1) : now;
+      if (value === null && (!cur || cur.value === null)) return 'none' as const;
+      if (stamp !== undefined && cur && stamp <= cur.time) return 'older' as const;
+      const time = stamp ?? (cur ? Math.max(now, cur.time + 1) : now);
       const v = { type, name, value, time, origin: 'cloud' as const };
       // An `s` version is never pushed: it is acknowledged by being on the server.
       await devices.putVersion(deviceId, v, type === 'd' ? 0 : time, 'user');
       return (await devices.getVar(deviceId, type, name))!;
     });
-    if (!rec) return false;
+    if (rec === 'none' || rec === 'older') return rec;
     this.varsChanged(deviceId, [{ type, name, change: 'version' }]);
     if (type === 'd') this.sendVars(deviceId, [varItem(asVersion(rec), 'push')]);
-    return true;
+    return 'set';
   }
 
   /** Rule 3: re-sends the current version of a `d` variable; `false` when there is none. */

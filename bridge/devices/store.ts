@@ -236,6 +236,10 @@ export class DeviceStore {
         `SELECT id, type, name, value, by, timestamp FROM history
          WHERE device_id = ? AND type = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT ?`,
       ),
+      historySince: db.prepare<[string, string, string, number, number], HistoryRow>(
+        `SELECT id, type, name, value, by, timestamp FROM history
+         WHERE device_id = ? AND type = ? AND name = ? AND id >= ? ORDER BY id LIMIT ?`,
+      ),
       heard: db.prepare(
         `INSERT INTO nearby (user_id, device_id, heard_at) VALUES (@userId, @deviceId, @at)
          ON CONFLICT (user_id, device_id) DO UPDATE SET heard_at = max(heard_at, excluded.heard_at)`,
@@ -464,6 +468,14 @@ export class DeviceStore {
     before = Number.MAX_SAFE_INTEGER,
   ): HistoryEntry[] {
     return this.s.history.all(deviceId, type, name, before, limit);
+  }
+
+  /**
+   * The oldest `limit` entries with an id at or above `since`, newest first: paging forward with `startid`
+   * (docs/api.md, History), so that a client that asks again from one past the newest id it has misses none.
+   */
+  historySince(deviceId: string, type: VarType, name: string, limit: number, since: number): HistoryEntry[] {
+    return this.s.historySince.all(deviceId, type, name, since, limit).reverse();
   }
 
   /** Removes up to `max` history entries older than `before`; returns how many. */

@@ -68,10 +68,17 @@ export function renderDevice(vars: readonly RenderableVar[]): string {
   return `{"d":${renderVars(byType.d)},"s":${renderVars(byType.s)},"meta":${renderVars(byType.meta)}}`;
 }
 
-/** History entries (decision 10): `{key, value, by, type, timestamp, id}`; a deletion has `deleted: true`. */
+/**
+ * History entries (decision 10): `{key, value, by, type, timestamp, id}`, `value` always a string, as the
+ * specification's entry has it (docs/api.md, History). A deletion is `"value":""` with `deleted: true`; bytes that
+ * are not UTF-8 are `value64` (exact) beside `value` (the bytes read as UTF-8, U+FFFD for what is not: for display).
+ */
 export function renderHistory(entries: readonly RenderableHistory[]): string {
   const parts = entries.map((e) => {
-    const value = e.value === null ? '"deleted":true' : valueMember(e.value);
+    let value: string;
+    if (e.value === null) value = '"value":"","deleted":true';
+    else if (isUtf8(e.value)) value = `"value":${JSON.stringify(e.value.toString('utf8'))}`;
+    else value = `"value":${JSON.stringify(e.value.toString('utf8'))},"value64":"${e.value.toString('base64')}"`;
     return `{"key":${JSON.stringify(e.name)},${value},"by":"${e.by}","type":"${e.type}","timestamp":${e.timestamp},"id":${e.id}}`;
   });
   return `[${parts.join(',')}]`;

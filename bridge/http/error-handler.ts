@@ -44,7 +44,7 @@ export function registerErrorHandler(app: FastifyInstance, log: Logger): void {
     if (status < 500) {
       // Fastify refused the input (bad JSON, wrong content, too large): the route's own failure token.
       const token = req.routeOptions.config?.route?.failToken;
-      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE' && token === 'user-data-fail')
+      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE' && token === 'user-data-malformed')
         return send(reply, 413, ERRORS['user-data-failed'].body);
       if (token) return send(reply, ERRORS[token].status, ERRORS[token].body);
       return send(reply, 400, BAD_REQUEST);

@@ -1,6 +1,6 @@
 /**
- * Before every handler: the frontend of the request (decision 15) and its session (decisions 1 to 3). An unknown
- * frontend answers 404 `not found`. A route devices call reads neither.
+ * Before every handler: the frontend of the request (decisions 15 and 25) and its session (decisions 1 to 3). An
+ * unknown frontend answers 404 `not found`. A route devices call reads neither.
  */
 import type { FastifyInstance } from 'fastify';
 import type { BridgeConfig } from '../config.js';
@@ -23,12 +23,18 @@ export function registerFrontendAndSession(app: FastifyInstance, deps: FrontendD
   app.decorateRequest('user', undefined);
 
   app.addHook('preHandler', async (req) => {
-    if (req.routeOptions.config?.route?.device) return;
-    const resolved = await resolveFrontend(req, store, config.frontends.allowDefault);
+    const route = req.routeOptions.config?.route;
+    if (route?.device) return;
+    // Read once: on a route whose body is all data, the session also tells the frontend (decision 25).
+    let session: Promise<Awaited<ReturnType<typeof readSession>>> | undefined;
+    const readOnce = () => (session ??= readSession(req, store, config, now()));
+    const sessionFrontend =
+      route?.frontendFrom === 'not-body' ? async () => (await readOnce())?.session.frontendId : undefined;
+    const resolved = await resolveFrontend(req, store, config.frontends.allowDefault, sessionFrontend);
     if (!resolved) throw new ApiError('not-found');
     req.frontend = resolved.frontend;
     req.frontendSource = resolved.source;
-    const found = await readSession(req, store, config, now());
+    const found = await readOnce();
     if (found && found.session.frontendId === req.frontend.id) {
       const session = found.session;
       req.session = session;

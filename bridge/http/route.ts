@@ -63,6 +63,12 @@ export interface Route {
    * 404 for an unknown frontend.
    */
   device?: boolean;
+  /**
+   * Where the frontend of the request is read (decision 15). `request` (the default): the Host header, else `app` in
+   * the query or the body. `not-body`: the body's fields are all data, `app` among them (`POST /0/user/`), so the
+   * Host header, else `app` in the query, else the frontend of the session the cookie names (decision 25).
+   */
+  frontendFrom?: 'request' | 'not-body';
   /** The form the body is read with (form fields, or a JSON object). */
   form?: NamedSchema;
   /** Query parameters besides `app`. */

@@ -150,6 +150,8 @@ export interface DeviceRepo {
   markAllDisconnected(now: number): Promise<number>;
 
   history(deviceId: string, type: VarType, name: string, limit: number, before?: number): Promise<HistoryEntry[]>;
+  /** The oldest `limit` entries with an id at or above `since`, newest first (`startid`, docs/api.md, History). */
+  historySince(deviceId: string, type: VarType, name: string, limit: number, since: number): Promise<HistoryEntry[]>;
   pruneHistory(before: number, max: number): Promise<number>;
   pruneVariableHistory(key: VarKey, keep: number, max: number): Promise<number>;
   varKeys(after: VarKey | undefined, limit: number): Promise<VarKey[]>;

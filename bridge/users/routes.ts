@@ -9,7 +9,7 @@ import { NO_SESSION, token } from '../http/outcomes.js';
 import { send } from '../http/reply.js';
 import { type Route, named } from '../http/route.js';
 import { currentAuthcode } from './authcode.js';
-import { UserDataForm, UserObject } from './schemas.js';
+import { UserDataForm, UserObject, mergeUserData, userDataFields } from './schemas.js';
 
 export function userRoutes(ctx: RouteContext): Route[] {
   const { store, config, now } = ctx;
@@ -53,16 +53,20 @@ export function userRoutes(ctx: RouteContext): Route[] {
       tag: 'User data',
       summary: 'Merge fields into the user data',
       description:
-        'Every field but `app` is merged into `data`; fields not sent are kept. The merged object may take at ' +
-        `most ${config.accounts.userDataBytes} bytes as JSON (\`accounts.userDataBytes\`).`,
+        'Every field is merged into `data`, whatever its name (`app`, `__proto__` too); fields not sent are kept. ' +
+        `The merged object may take at most ${config.accounts.userDataBytes} bytes as JSON ` +
+        '(`accounts.userDataBytes`). The frontend of this route is named by the Host header, else by `app` in ' +
+        'the query string, else it is the frontend of the session the cookie names, else the default one: a ' +
+        'field `app` in the body is user data (decision 25).',
       session: 'required',
-      failToken: 'user-data-fail',
+      failToken: 'user-data-malformed',
+      frontendFrom: 'not-body',
       form: named('UserDataForm', UserDataForm),
       responses: {
         200: { description: 'Merged.', tokens: ['user-data-ok'] },
         400: {
-          description: 'A field whose value is not a string (JSON bodies), or a malformed body.',
-          tokens: [token('user-data-fail')],
+          description: 'A field whose value is not a string (JSON bodies), or a malformed body (decision 29).',
+          tokens: [token('user-data-malformed')],
         },
         401: NO_SESSION,
         413: {
@@ -75,16 +79,14 @@ export function userRoutes(ctx: RouteContext): Route[] {
         if (!user) throw new ApiError('no-session');
         // The body itself, not `fields(req)`: a JSON body that is not an object (an array, a string, a number,
         // null) or a text/plain body is not a set of fields (decision 4), where `fields` would read it as none.
-        const form = UserDataForm.safeParse(req.body === undefined ? {} : req.body);
-        if (!form.success) throw new ApiError('user-data-fail');
-        const incoming = form.data;
+        const incoming = userDataFields(req.body === undefined ? {} : req.body);
+        if (!incoming) throw new ApiError('user-data-malformed');
         const limit = config.accounts.userDataBytes;
         const outcome = await store.write(async (tx) => {
           // Merged inside the transaction, so that concurrent posts do not lose each other's fields.
           const fresh = await tx.userById(user.id, { forUpdate: true });
           if (!fresh) return 'gone' as const;
-          const data = { ...(JSON.parse(fresh.data) as Record<string, unknown>), ...incoming };
-          const text = JSON.stringify(data);
+          const text = mergeUserData(fresh.data, incoming);
           if (Buffer.byteLength(text, 'utf8') > limit) return 'too-large' as const;
           await tx.updateUser(user.id, { data: text });
           return 'ok' as const;

@@ -88,6 +88,8 @@ const tok = (body: string): Expect => {
   const status = e?.status ?? { 'user-ok': 200, 'login-ok': 201, 'logout-ok': 201, 'signup-ok': 201 }[body] ?? 200;
   return { status, body };
 };
+/** The specification's token for a failed user-data update, at 400 for malformed input (decision 29). */
+const MALFORMED_USER_DATA: Expect = { status: 400, body: 'user-data-failed' };
 const FORM: Expect = { status: 200, match: /^<!doctype html>.*<form method="post" action="\/0\/session\/recover">/s };
 const USER_JSON: Expect = {
   status: 200,
@@ -127,6 +129,11 @@ interface Route {
   overLimit?: Expect[];
   /** A field whose absence makes another valid request, with its answer. */
   optional?: Record<string, Expect>;
+  /**
+   * The session the cookie names tells the frontend when neither Host nor the query does (decision 25): another
+   * frontend's session is a session here.
+   */
+  sessionNamesFrontend?: true;
 }
 
 function wanted(route: Route, kind: Kind): Expect[] {
@@ -272,12 +279,13 @@ const ROUTES: Route[] = [
     valid: tok('user-data-ok'),
     noSession: tok('no-session'),
     // Empty strings and no fields at all are fine user data.
-    fail: [tok('user-data-ok'), tok('user-data-fail')],
-    typed: [tok('user-data-fail')],
-    malformed: [tok('user-data-fail')],
+    fail: [tok('user-data-ok'), MALFORMED_USER_DATA],
+    typed: [MALFORMED_USER_DATA],
+    malformed: [MALFORMED_USER_DATA],
     tooLarge: [tok('user-data-failed')],
     overLimit: [tok('user-data-failed')],
     optional: { color: tok('user-data-ok') },
+    sessionNamesFrontend: true,
   },
 ];
 
@@ -542,7 +550,11 @@ const COOKIE_CASES: Case[] = [
   ),
   cookieCase('Latin-1 bytes', () => `sid=\u00ff\u00fe${'A'.repeat(41)}`),
   cookieCase('a logged-out session', () => cookies.loggedOut),
-  cookieCase("another frontend's session", () => cookies.otherFrontend),
+  {
+    name: "cookie: another frontend's session",
+    expect: (r) => wanted(r, r.sessionNamesFrontend ? 'valid' : 'noSession'),
+    build: (r, f) => normal(r, f, cookies.otherFrontend),
+  },
 ];
 
 const frontendCase = (name: string, only: 'GET' | 'POST' | undefined, build: Case['build']): Case => ({
@@ -571,11 +583,18 @@ const FRONTEND_CASES: Case[] = [
     const req = normal(r, f, c);
     return { ...req, path: `${req.path}${req.path.includes('?') ? '&' : '?'}app=` };
   }),
-  frontendCase('app form field', 'POST', (r, f, c) => normal(r, { ...f, app: randomUUID() }, c)),
-  frontendCase('app JSON field', 'POST', (r, f, c) => ({
-    ...normal(r, f, c, { 'content-type': JSON_TYPE }),
-    body: JSON.stringify({ ...f, app: randomUUID() }),
-  })),
+  // Where the body is all data (decision 25), `app` in it is a field like any other.
+  {
+    ...frontendCase('app form field', 'POST', (r, f, c) => normal(r, { ...f, app: randomUUID() }, c)),
+    expect: (r) => wanted(r, r.sessionNamesFrontend ? 'valid' : 'notFound'),
+  },
+  {
+    ...frontendCase('app JSON field', 'POST', (r, f, c) => ({
+      ...normal(r, f, c, { 'content-type': JSON_TYPE }),
+      body: JSON.stringify({ ...f, app: randomUUID() }),
+    })),
+    expect: (r) => wanted(r, r.sessionNamesFrontend ? 'valid' : 'notFound'),
+  },
 ];
 
 /** Bodies must never show internals. */

@@ -39,7 +39,7 @@ interface DeviceObject {
 }
 interface HistoryEntry {
   key: string;
-  value?: string;
+  value: string;
   value64?: string;
   deleted?: true;
   by: string;
@@ -439,8 +439,9 @@ describe.each(await engines())('the devices on %s', (engine) => {
         expect(onDevice.value64).toBe(b64);
         expect((await u.json<DeviceObject>(`/0/devices/${dev.id}`)).d.blob?.value64).toBe(b64);
         const [entry] = await history(u, `/0/devices/${dev.id}/d/blob?latest=1`);
-        expect(entry).toMatchObject({ key: 'blob', value64: b64 });
-        expect(entry).not.toHaveProperty('value');
+        // Decision 28: `value` is always there; for bytes that are not UTF-8 it is for display, `value64` exact.
+        expect(entry).toMatchObject({ key: 'blob', value64: b64, value: bytes.toString('utf8') });
+        expect(entry!.value).toBe('\ufffd\ufffd\u0000\ufffdA\ufffd');
 
         // value64 wins over value; valid UTF-8 sent as value64 reads back as value.
         await u.post(`/0/devices/${dev.id}/s/both`, { value: 'text', value64: b64 });
@@ -582,8 +583,9 @@ describe.each(await engines())('the devices on %s', (engine) => {
           return v !== undefined && v.value === null && v.acked >= v.time;
         }, 'the tombstone acked');
         const [entry] = await history(u, `/0/devices/${dev.id}/d/led?latest=1`);
-        expect(entry).toMatchObject({ key: 'led', deleted: true, by: 'user', type: 'd' });
-        expect(entry).not.toHaveProperty('value');
+        // Decision 28: a deletion has `value` "" beside `deleted`.
+        expect(entry).toMatchObject({ key: 'led', value: '', deleted: true, by: 'user', type: 'd' });
+        expect(entry).not.toHaveProperty('value64');
 
         await u.post(`/0/devices/${dev.id}/s/note`, { value: 'x' });
         expect((await u.del(`/0/devices/${dev.id}/s/note`)).body).toBe('device-ok');
@@ -756,6 +758,55 @@ describe.each(await engines())('the devices on %s', (engine) => {
       });
     });
 
+    describe('timestamp on a POST (decision 26)', () => {
+      it('stamps the version: the device gets that time; an older stamp than the held one is 409, outside the window 400', async () => {
+        const u = await world.user();
+        const dev = await world.owned(u);
+        const path = `/0/devices/${dev.id}/d/reading`;
+        const stamp = Date.now() - 10 * 60_000;
+        const set = await u.post(path, { value: 'ten minutes ago', timestamp: String(stamp) });
+        expect([set.status, set.body]).toEqual([200, 'device-ok']);
+        expect(await record(u, dev, 'd', 'reading')).toMatchObject({ value: 'ten minutes ago', time: stamp });
+        // The stamp reaches the device as the version's time, and is acknowledged.
+        const onDevice = await until(async () => {
+          const v = await onAgent(dev, 'd', 'reading');
+          return v?.value === 'ten minutes ago' ? v : undefined;
+        }, 'the stamped value on the agent');
+        expect(onDevice).toMatchObject({ time: stamp, origin: 'cloud' });
+        await until(async () => (await record(u, dev, 'd', 'reading')).acked! >= stamp, 'the stamped value acked');
+        const [entry] = await history(u, `${path}?latest=1`);
+        expect(entry).toMatchObject({ value: 'ten minutes ago', timestamp: stamp, by: 'user' });
+
+        // At or before the held version's time: it would lose at once, so nothing changes (not an ok).
+        for (const older of [stamp, stamp - 1]) {
+          const r = await u.post(path, { value: 'older', timestamp: String(older) });
+          expect([r.status, r.body]).toEqual([409, 'device-fail-older']);
+        }
+        // Outside the window, malformed, or with no value to stamp: 400, nothing changes.
+        const bad = [String(Date.now() - 2 * 3_600_000), String(Date.now() + 5 * 60_000), 'soon', '-5', '1.5', ''];
+        for (const timestamp of bad) {
+          const r = await u.post(path, { value: 'bad', timestamp });
+          expect([timestamp, r.status, r.body]).toEqual([timestamp, 400, 'device-fail']);
+        }
+        const sync = await u.post(path, { timestamp: String(Date.now()) });
+        expect([sync.status, sync.body]).toEqual([400, 'device-fail']);
+        expect(await record(u, dev, 'd', 'reading')).toMatchObject({ value: 'ten minutes ago', time: stamp });
+
+        // A later stamp wins, and a change without a stamp follows it.
+        expect((await u.post(path, { value: 'newer', timestamp: String(stamp + 1) })).body).toBe('device-ok');
+        expect((await u.post(path, { value: 'now' })).body).toBe('device-ok');
+        const now = await record(u, dev, 'd', 'reading');
+        expect(now.value).toBe('now');
+        expect(now.time).toBeGreaterThan(stamp + 1);
+        await until(async () => (await onAgent(dev, 'd', 'reading'))?.value === 'now', 'the last value on the agent');
+        // An s variable takes a stamp too (acknowledged by being on the server).
+        expect((await u.post(`/0/devices/${dev.id}/s/note`, { value: 'n', timestamp: String(stamp) })).body).toBe(
+          'device-ok',
+        );
+        expect(await record(u, dev, 's', 'note')).toEqual({ value: 'n', time: stamp });
+      });
+    });
+
     describe('history (decisions 10 and 11)', () => {
       it('latest=N newest first; by user, device and server; meta changes too', async () => {
         const u = await world.user();
@@ -828,12 +879,55 @@ describe.each(await engines())('the devices on %s', (engine) => {
         for (;;) {
           const page = await history(u, `${path}?latest=400${from}`);
           if (page.length === 0) break;
-          walked.push(...page.map((e) => e.value!));
+          walked.push(...page.map((e) => e.value));
           from = `&from=${page[page.length - 1]!.id}`;
         }
         expect(walked).toEqual(Array.from({ length: 1500 }, (_, i) => `v${1499 - i}`));
         // Without latest or from: the single variable.
         expect((await record(u, dev, 's', 'bulk')).value).toBe('v1499');
+      });
+
+      it('startid=<id> pages forwards as the official client does: the oldest entries at or above it, newest first', async () => {
+        const u = await world.user();
+        const dev = await world.owned(u);
+        const base = Date.now() - 10_000_000;
+        const put = (from: number, to: number) =>
+          world.store.write(async (tx) => {
+            for (let i = from; i < to; i++) {
+              const v = { type: 's' as const, name: 'fwd', value: Buffer.from(`v${i}`), time: base + i };
+              await tx.devices.putVersion(dev.id, { ...v, origin: 'cloud' }, base + i, 'user');
+            }
+          });
+        await put(0, 250);
+        const path = `/0/devices/${dev.id}/s/fwd`;
+        const all = await history(u, `${path}?latest=0`);
+        const first = all.at(-1)!.id;
+
+        // The oldest `latest` at or above startid, answered newest first like every history answer.
+        const page = await history(u, `${path}?latest=100&startid=${first}`);
+        expect(page.map((e) => e.value)).toEqual(Array.from({ length: 100 }, (_, i) => `v${99 - i}`));
+        // startid itself is included; below it nothing.
+        const at = await history(u, `${path}?latest=1&startid=${all[10]!.id}`);
+        expect(at.map((e) => e.id)).toEqual([all[10]!.id]);
+
+        // The client's loop: `startid` one more than the highest id seen; entries arriving meanwhile are not
+        // missed, and nothing comes twice.
+        const seen: string[] = [];
+        let startid = first;
+        for (let round = 0; round < 10; round++) {
+          const got = await history(u, `${path}?latest=100&startid=${startid}`);
+          if (round === 1) await put(250, 320);
+          if (got.length === 0) break;
+          for (const e of got) expect(e.id).toBeGreaterThanOrEqual(startid);
+          seen.push(...got.map((e) => e.value).reverse());
+          startid = got[0]!.id + 1;
+        }
+        expect(seen).toEqual(Array.from({ length: 320 }, (_, i) => `v${i}`));
+        expect(await history(u, `${path}?latest=100&startid=${startid}`)).toEqual([]);
+        // startid without latest: up to 1000; with from: refused, one direction at a time.
+        expect(await history(u, `${path}?startid=${first}`)).toHaveLength(320);
+        const both = await u.get(`${path}?latest=5&from=${startid}&startid=${first}`);
+        expect([both.status, both.body]).toEqual([400, 'device-fail']);
       });
 
       describe('malformed history queries', () => {
@@ -853,6 +947,8 @@ describe.each(await engines())('the devices on %s', (engine) => {
             expect([f.status, f.body]).toEqual([400, 'device-fail']);
             const alone = await u.get(`/0/devices/${dev.id}/s/v?from=${encodeURIComponent(latest)}`);
             expect([alone.status, alone.body]).toEqual([400, 'device-fail']);
+            const start = await u.get(`/0/devices/${dev.id}/s/v?latest=5&startid=${encodeURIComponent(latest)}`);
+            expect([start.status, start.body]).toEqual([400, 'device-fail']);
           },
         );
       });

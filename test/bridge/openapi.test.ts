@@ -287,8 +287,12 @@ describe('the document', () => {
     expect(check('DeviceObject', { d: { led: record }, s: {} })).toBe(false);
     expect(check('DeviceCollection', { x: { d: {}, s: {}, meta: { state: { value: 1 } } } })).toBe(false);
     const entry = { key: 'led', by: 'user', type: 'd', timestamp: 1, id: 1 };
-    expect(check('HistoryList', [{ ...entry, deleted: true }])).toBe(true);
-    expect(check('HistoryList', [{ ...entry, by: 'someone' }])).toBe(false);
+    expect(check('HistoryList', [{ ...entry, value: '', deleted: true }])).toBe(true);
+    expect(check('HistoryList', [{ ...entry, value: '\ufffd', value64: '/w==' }])).toBe(true);
+    // Every entry carries `value`, as the specification's entry does.
+    expect(check('HistoryList', [{ ...entry, deleted: true }])).toBe(false);
+    expect(check('HistoryList', [{ ...entry, value64: '/w==' }])).toBe(false);
+    expect(check('HistoryList', [{ ...entry, value: 'on', by: 'someone' }])).toBe(false);
     expect(check('VariableAnswer', 'connected')).toBe(true);
     expect(check('VariableAnswer', 5)).toBe(false);
     expect(check('ClaimResponse', { id: randomUUID() })).toBe(true);
@@ -507,7 +511,7 @@ describe('every status and token the document lists is brought about', () => {
         ],
         setUserData: [
           [200, 'user-data-ok', 'string fields', post('/0/user/', { a: '1' }, u.sid)],
-          [400, 'user-data-fail', 'a value that is not a string', json('/0/user/', { a: 1 }, u.sid)],
+          [400, 'user-data-failed', 'a value that is not a string', json('/0/user/', { a: 1 }, u.sid)],
           [401, 'no-session', 'no session', post('/0/user/', { a: '1' })],
           [413, 'user-data-failed', 'too much data', post('/0/user/', big, u.sid)],
         ],
@@ -544,7 +548,7 @@ describe('every status and token the document lists is brought about', () => {
     const inNetwork = (a: Answer) =>
       expect([nearby.authcode, foreign.authcode].map((k) => keys(a).includes(k))).toEqual([true, false]);
     const older = matches([{ value: 'off', by: 'device' }]);
-    const deleted = matches([{ deleted: true, by: 'user' }, { value: 'x' }]);
+    const deleted = matches([{ value: '', deleted: true, by: 'user' }, { value: 'x' }]);
     let newest = 0;
     const latest = (a: Answer) => {
       matches([{ key: 'led', value: 'on', by: 'user', type: 'd' }])(a);
@@ -552,6 +556,7 @@ describe('every status and token the document lists is brought about', () => {
     };
     const tooLong = { value: 'x'.repeat(main.config.devices.maxValueBytes + 1) };
     const both = { value: 'lost', value64: '/wCA' };
+    const stamped = (ago: number) => ({ value: 'v', timestamp: String(main.clock.now() + ago) });
     const rawWins = async () => matches({ value64: '/wCA' })(await get(`${base}/s/raw`, o)());
     await drive({
       listDevices: [
@@ -599,6 +604,8 @@ describe('every status and token the document lists is brought about', () => {
         [200, '"connected"', 'a meta variable, bare', get(`${base}/meta/state`, o)],
         [200, null, 'history, latest=1', get(`${base}/d/led?latest=1`, o), latest],
         [200, null, 'history, from the newest back', () => get(`${base}/d/led?from=${newest}`, o)(), older],
+        [200, null, 'history, forwards from startid', () => get(`${base}/d/led?startid=${newest}`, o)(), latest],
+        [400, 'device-fail', 'from and startid together', get(`${base}/d/led?from=9&startid=1`, o)],
         [200, null, 'the history of a deleted variable', get(`${base}/s/gone?latest=0`, o), deleted],
         [400, 'device-fail', 'latest not a number', get(`${base}/d/led?latest=ten`, o)],
         [400, 'device-fail', 'a negative from', get(`${base}/d/led?from=-1`, o)],
@@ -611,6 +618,9 @@ describe('every status and token the document lists is brought about', () => {
         [200, 'device-ok', 'a d value', post(`${base}/d/led`, { value: 'blink' }, o)],
         [200, 'device-ok', 'value64 wins over value', post(`${base}/s/raw`, both, o), rawWins],
         [200, 'device-ok', 'a d sync', post(`${base}/d/led`, undefined, o)],
+        [200, 'device-ok', 'a value with a timestamp', post(`${base}/s/stamped`, stamped(-1000), o)],
+        [400, 'device-fail', 'a timestamp over an hour old', post(`${base}/s/stamped`, stamped(-3_600_001), o)],
+        [409, 'device-fail-older', 'a timestamp before the held one', post(`${base}/s/stamped`, stamped(-2000), o)],
         [200, 'device-ok', 'a nearby unowned device', post(`${near}/d/led`, { value: 'near' }, o)],
         [400, 'device-fail', 'a meta variable', post(`${base}/meta/state`, { value: 'x' }, o)],
         [400, 'device-fail', 'an s variable with no value', post(`${base}/s/raw`, undefined, o)],

@@ -519,14 +519,67 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       expect((await readUser(other)).data.b).toBe('three');
     });
 
-    it('does not store app, the frontend parameter', async () => {
+    it('stores app as user data (decision 25): the frontend comes from the query, else the session, else Host', async () => {
+      const b = await start();
+      const other = await b.addFrontend();
+      const c = b.client();
+      await signup(c, 'alice@example.com', PASSWORD, `?app=${other.id}`);
+      // The official client sends its frontend as `app` in every form: in the body it is data, and the session
+      // the cookie names tells the frontend.
+      expectToken(await c.post('/0/user/', { form: { app: other.id, x: '1' } }), 200, 'user-data-ok');
+      expectToken(await c.post('/0/user/', { form: { app: 'my-app-name' } }), 200, 'user-data-ok');
+      expectToken(await c.post('/0/user/', { json: { app: 'from JSON', y: '2' } }), 200, 'user-data-ok');
+      // `app` in the query still names the frontend, and is not data.
+      expectToken(await c.post(`/0/user/?app=${other.id}`, { form: { z: '3' } }), 200, 'user-data-ok');
+      expect((await readUser(c, `?app=${other.id}`)).data).toEqual({ x: '1', app: 'from JSON', y: '2', z: '3' });
+      expect(await b.store.userByLogin(b.defaultFrontend.id, 'alice@example.com')).toBeUndefined();
+      // A query naming another frontend than the session's: no session there.
+      expectToken(await c.post(`/0/user/?app=${b.defaultFrontend.id}`, { form: { w: '4' } }), 401, 'no-session');
+      // An unknown frontend in the query is 404, whatever the body holds.
+      expectToken(await c.post(`/0/user/?app=${randomUUID()}`, { form: { app: other.id } }), 404, 'not found');
+      // The Host header names the frontend before the session does.
+      const host = { host: `${b.defaultFrontend.id}.example.com` };
+      expectToken(await c.post('/0/user/', { headers: host, form: { w: '4' } }), 401, 'no-session');
+      // Without a session the default frontend is the one asked; an `app` field does not name one.
+      expectToken(await b.client().post('/0/user/', { form: { app: other.id } }), 401, 'no-session');
+      expect((await readUser(c, `?app=${other.id}`)).data).toEqual({ x: '1', app: 'from JSON', y: '2', z: '3' });
+    });
+
+    it('stores __proto__, constructor and prototype as ordinary fields, from forms and JSON', async () => {
       const b = await start();
       const c = b.client();
       await signup(c, 'alice@example.com');
-      const app = b.defaultFrontend.id;
-      expectToken(await c.post('/0/user/', { form: { app, x: '1' } }), 200, 'user-data-ok');
-      expectToken(await c.post(`/0/user/?app=${app}`, { form: { y: '2' } }), 200, 'user-data-ok');
-      expect((await readUser(c)).data).toEqual({ x: '1', y: '2' });
+      expectToken(
+        // A computed key: `__proto__:` in an object literal would set the literal's prototype instead.
+        await c.post('/0/user/', { form: { ['__proto__']: 'form proto', constructor: 'c', prototype: 'p' } }),
+        200,
+        'user-data-ok',
+      );
+      let raw = await c.get('/0/user/');
+      // The stored data as text: a later GET returns the field as it was sent.
+      expect(raw.body).toContain('"data":{"__proto__":"form proto","constructor":"c","prototype":"p"}');
+      // JSON bodies, written as text: an object literal would not carry a `__proto__` member.
+      const json = { 'content-type': 'application/json' };
+      expectToken(
+        await c.post('/0/user/', { body: '{"__proto__":"json proto","constructor":"C2"}', headers: json }),
+        200,
+        'user-data-ok',
+      );
+      raw = await c.get('/0/user/');
+      expect(raw.body).toContain('"data":{"__proto__":"json proto","constructor":"C2","prototype":"p"}');
+      const data = (JSON.parse(raw.body) as UserObject).data;
+      expect(Object.getOwnPropertyDescriptor(data, '__proto__')?.value).toBe('json proto');
+      expect([data.constructor, data.prototype]).toEqual(['C2', 'p']);
+      // A `__proto__` whose value is an object is not a string field: refused, nothing stored.
+      expectToken(
+        await c.post('/0/user/', { body: '{"__proto__":{"admin":"yes"},"n":"1"}', headers: json }),
+        400,
+        'user-data-failed',
+      );
+      expect((await c.get('/0/user/')).body).toContain(
+        '"data":{"__proto__":"json proto","constructor":"C2","prototype":"p"}',
+      );
+      expect(({} as Record<string, unknown>).admin).toBeUndefined();
     });
 
     it('answers 413 user-data-failed over the size limit and keeps the data as it was', async () => {
@@ -546,7 +599,7 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
       expectToken(await c.post('/0/user/', { form: { a: '' } }), 200, 'user-data-ok');
     });
 
-    it('answers 400 user-data-fail for values that are not strings, and stores none of the request', async () => {
+    it('answers 400 user-data-failed (decision 29) for values that are not strings, and stores none of them', async () => {
       const b = await start();
       const c = b.client();
       await signup(c, 'alice@example.com');
@@ -558,11 +611,11 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
         { t: true },
         { z: null },
       ];
-      for (const json of bodies) expectToken(await c.post('/0/user/', { json }), 400, 'user-data-fail');
+      for (const json of bodies) expectToken(await c.post('/0/user/', { json }), 400, 'user-data-failed');
       expectToken(
         await c.post('/0/user/', { body: '{"a":', headers: { 'content-type': 'application/json' } }),
         400,
-        'user-data-fail',
+        'user-data-failed',
       );
       expect((await readUser(c)).data).toEqual({});
     });
@@ -712,8 +765,9 @@ describe.each(['inject', 'http'] as const)('sessions and user data over %s', (tr
         'signup-ok',
       );
       expect(await b.store.userByLogin(f.id, 'form@example.com')).toBeDefined();
+      // On POST /0/user/ the form's `app` is data; the session names the frontend (decision 25).
       expectToken(await form.post('/0/user/', { form: { app: f.id, k: 'v' } }), 200, 'user-data-ok');
-      expect((await readUser(form, `?app=${f.id}`)).data).toEqual({ k: 'v' });
+      expect((await readUser(form, `?app=${f.id}`)).data).toEqual({ app: f.id, k: 'v' });
 
       // Neither: the default frontend, also for a Host that is not a frontend's.
       const d = b.client();

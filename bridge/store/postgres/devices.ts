@@ -313,6 +313,21 @@ export class PgDeviceRepo implements DeviceRepo {
     return r.rows;
   }
 
+  async historySince(
+    deviceId: string,
+    type: VarType,
+    name: string,
+    limit: number,
+    since: number,
+  ): Promise<HistoryEntry[]> {
+    const r = await this.c.query<HistoryEntry>(
+      `SELECT id, type, name, value, "by", "timestamp" FROM history
+       WHERE device_id = $1 AND type = $2 AND name = $3 AND id >= $4 ORDER BY id LIMIT $5`,
+      [deviceId, type, name, since, limit],
+    );
+    return r.rows.reverse();
+  }
+
   async pruneHistory(before: number, max: number): Promise<number> {
     const r = await this.c.query(
       `DELETE FROM history WHERE id IN (
