@@ -1,7 +1,8 @@
 /**
  * Decision 15: the `app` parameter, which names the frontend when the Host header does not. `resolve.ts` reads
  * it from the query or the form before any route runs; every request schema declares it too, so that the API
- * document (`bridge/openapi.ts`) lists it where clients send it.
+ * document (`bridge/openapi.ts`) lists it where clients send it. Not the form of `POST /0/user/`, where a field
+ * `app` is user data (decision 25).
  */
 import { z } from 'zod';
 
