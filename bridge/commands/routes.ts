@@ -62,8 +62,9 @@ export function commandRoutes(ctx: RouteContext): Route[] {
   }
 
   const who =
-    'Who may: whoever may set the variables of the device, that is its owner, or, while it has no owner, a user ' +
-    'it heard nearby (decisions 14 and 18). Any other device answers exactly as one that does not exist.';
+    'Who may: whoever may set the variables of the device, that is its owner, a user it is shared with, or, while ' +
+    'it has no owner, a user it heard nearby (decisions 14, 18 and 23). Any other device answers exactly as one ' +
+    'that does not exist.';
   const full =
     `the device already has \`commands.maxOpen\` (${limits.maxOpen}) commands that are not finished (queued, sent or ` +
     'running; decision 13)';

@@ -230,6 +230,7 @@ function behaviour(open: () => Promise<BridgeStore>) {
         userId: u.id,
         createdAt: T,
         lastSeenAt: T,
+        accessTokenId: null,
       });
       expect(await s.sessionWithUser('h1')).toEqual({ session: await s.session('h1'), user: u });
       expect(await s.sessionWithUser('h2')).toEqual({ session: await s.session('h2'), user: undefined });
