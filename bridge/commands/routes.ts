@@ -21,7 +21,7 @@ import type { StoredCommand } from './store.js';
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** Path segments under a device that are not commands of the older clients' spelling. */
-const RESERVED_SEGMENTS: ReadonlySet<string> = new Set(['d', 's', 'meta', 'fw', 'firmware', 'commands']);
+const RESERVED_SEGMENTS: ReadonlySet<string> = new Set(['d', 's', 'meta', 'fw', 'firmware', 'commands', 'users']);
 
 export function renderCommand(c: StoredCommand): string {
   const text = c.command.toString('latin1');
@@ -127,7 +127,7 @@ export function commandRoutes(ctx: RouteContext): Route[] {
       description:
         'The command is the last path segment (percent-encoded); the body is not read. Default priority and ' +
         `lifetime. A segment that names a part of the device (\`d\`, \`s\`, \`meta\`, \`fw\`, \`firmware\`, ` +
-        `\`commands\`) is not a command. ${who}`,
+        `\`commands\`, \`users\`) is not a command. ${who}`,
       session: 'required',
       failToken: 'device-fail',
       responses: {

@@ -171,6 +171,8 @@ describe.each(await engines())('sharing a device on %s', (engine) => {
     const far = await person(`${frontendId}.devcloud.test`);
     expectToken(await share(owner, device.id, far.login), 400, 'share-fail');
     expect(shared()).toHaveLength(1);
+    // `users` under a device is its shares, not a command of the older clients' spelling.
+    expectToken(await owner.c.post(`/0/devices/${device.id}/users`), 400, 'device-fail');
   });
 
   it('the owner revokes: device.shared false, the user no longer sees it; again is 400 share-fail', async () => {
