@@ -16,7 +16,6 @@
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
 import { type Version, compareVersions } from '../../protocol/index.js';
-import type { DeviceShare, ShareOutcome } from '../store/types.js';
 import { type RenderableVar, renderDevice } from './view.js';
 
 export type VarType = 'd' | 's' | 'meta';
@@ -167,6 +166,16 @@ export interface VarKey {
 }
 
 export type ClaimOutcome = 'claimed' | 'already-yours' | 'taken';
+
+/** Decision 23: what sharing a device did. */
+export type ShareOutcome = 'shared' | 'already' | 'not-owner';
+
+/** One user a device is shared with (decision 23). */
+export interface DeviceShare {
+  userId: number;
+  login: string;
+  grantedAt: number;
+}
 
 export class DeviceStore {
   private readonly s;

@@ -14,9 +14,11 @@ import type { BridgeCommandState, NewBridgeCommand, StoredCommand } from '../com
 import type {
   ClaimOutcome,
   Device,
+  DeviceShare,
   HistoryEntry,
   NewVersion,
   SetBy,
+  ShareOutcome,
   VarKey,
   VarRecord,
   VarType,
@@ -199,15 +201,6 @@ export interface DeviceRepo {
 
   /** The JSON of a device object (decision 9). */
   deviceJson(deviceId: string): Promise<string>;
-}
-
-export type ShareOutcome = 'shared' | 'already' | 'not-owner';
-
-/** One user a device is shared with. */
-export interface DeviceShare {
-  userId: number;
-  login: string;
-  grantedAt: number;
 }
 
 /** Commands sent to devices, with their states. */

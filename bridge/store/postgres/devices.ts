@@ -9,16 +9,18 @@ import {
   type ClaimOutcome,
   type Device,
   type DeviceRow,
+  type DeviceShare,
   type HistoryEntry,
   type NewVersion,
   type SetBy,
+  type ShareOutcome,
   type VarKey,
   type VarRecord,
   type VarType,
   toDevice,
 } from '../../devices/store.js';
 import { renderDevice } from '../../devices/view.js';
-import type { DeviceRepo, DeviceShare, ShareOutcome } from '../types.js';
+import type { DeviceRepo } from '../types.js';
 import type { Conn } from './conn.js';
 
 const VAR_COLUMNS = 'type, name, value, time, origin, acked, synced, syncacked';
