@@ -23,6 +23,7 @@ import { createServer } from './http/server.js';
 import type { Mailer } from './mail/mailer.js';
 import { metricsRoutes } from './metrics.js';
 import { buildOpenApi, openApiRoutes } from './openapi.js';
+import { accessTokenRoutes } from './sessions/accesstokens.js';
 import { sessionRoutes } from './sessions/routes.js';
 import type { BridgeStore } from './store/types.js';
 import { userRoutes } from './users/routes.js';
@@ -89,6 +90,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   const metrics = metricsRoutes(app, { config, store: deps.store, devices, link });
   server.register([
     ...sessionRoutes(ctx),
+    ...accessTokenRoutes(ctx),
     ...accountRoutes(ctx),
     ...userRoutes(ctx),
     ...deviceRoutes(ctx),

@@ -321,6 +321,8 @@ export const BridgeConfigSchema = z
         passwordMin: z.number().int().min(1).max(1024).default(8),
         passwordMax: z.number().int().min(8).max(4096).default(1024),
         loginMax: z.number().int().min(6).max(254).default(254),
+        /** Decision 30: access tokens one user may hold at once; `POST /0/user/accesstoken` refuses more. */
+        accessTokensPerUser: z.number().int().min(1).max(1000).default(20),
         userDataBytes: z
           .number()
           .int()
@@ -336,6 +338,8 @@ export const BridgeConfigSchema = z
         signup: limit(20, 3_600_000),
         resend: limit(5, 3_600_000),
         recover: limit(5, 3_600_000),
+        /** Decision 30: `POST /0/session/` with a `token`, per client address (every attempt counts). */
+        accessToken: limit(30, 60_000),
       })
       .strict()
       .prefault({}),

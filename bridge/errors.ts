@@ -28,6 +28,24 @@ export const ERRORS = {
   /** Decision 26: a variable's `timestamp` at or before its held version's time, which would lose at once. */
   'device-fail-older': { status: 409, body: 'device-fail-older' },
   'claim-fail': { status: 400, body: 'claim-fail' },
+  /**
+   * Decision 23: a share or its revocation refused: not the device's owner (or the shared user themself, for a
+   * revocation), no such user in the frontend, the owner themself, no such share, malformed input.
+   */
+  'share-fail': { status: 400, body: 'share-fail' },
+  /** Decision 23: the list of a device's shared users, asked by a user the device is only shared with. */
+  'share-list-fail': { status: 403, body: 'share-fail' },
+  /**
+   * Decision 30: `POST /0/session/` with a `token` that is no access token (malformed, unknown, revoked, of another
+   * frontend's user). The request's session is replaced by a new anonymous one all the same.
+   */
+  'token-fail': { status: 401, body: 'token-fail' },
+  /** Decision 30: revoking an access token the user does not have; a malformed body. */
+  'accesstoken-fail': { status: 400, body: 'accesstoken-fail' },
+  /** Decision 30: the user already has `accounts.accessTokensPerUser` access tokens. */
+  'accesstoken-fail-limit': { status: 400, body: 'accesstoken-fail-limit' },
+  /** Decision 30: a session started with an access token may not make more of them. */
+  'accesstoken-fail-token-session': { status: 403, body: 'accesstoken-fail-token-session' },
   /** The specification: no firmware image of that name (also a name that cannot be one). */
   'device-fwup-name-fail': { status: 400, body: 'device-fwup-name-fail' },
   /** docs/decisions.md §7: the device is not connected in `d` mode and `meta` state, its platform is not in the

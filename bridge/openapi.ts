@@ -16,6 +16,7 @@ import { FirmwareImageObject } from './firmware/catalog.js';
 import { AppParam } from './frontends/schemas.js';
 import { answersOf } from './http/outcomes.js';
 import { type NamedSchema, type Outcome, type Route, named } from './http/route.js';
+import { ACCESS_TOKEN_RE } from './sessions/accesstokens.js';
 import { COOKIE_NAME } from './sessions/cookie.js';
 
 export const OPENAPI_PATH = '/0/openapi.json';
@@ -79,7 +80,7 @@ const OpenApiDocumentObject = z.looseObject({
   paths: z.record(z.string(), z.unknown()),
 });
 
-/** The path parameters of the device routes, by name (the routes read them with `devices/schemas.ts`). */
+/** The path parameters of the routes, by name (the device routes read theirs with `devices/schemas.ts`). */
 function pathParameters(path: string): Json[] {
   const described: Record<string, Json> = {
     id: {
@@ -111,6 +112,19 @@ function pathParameters(path: string): Json[] {
       schema: { type: 'string', maxLength: 256 },
     },
     job: { description: 'The job uuid, from the `down/fw` start message.', schema: { type: 'string', format: 'uuid' } },
+    token: {
+      description: 'The access token itself, or its number from `GET /0/user/accesstoken` (decision 30).',
+      schema: {
+        anyOf: [
+          { type: 'string', pattern: ACCESS_TOKEN_RE.source },
+          { type: 'string', pattern: '^[1-9][0-9]{0,14}$' },
+        ],
+      },
+    },
+    login: {
+      description: 'The login of a user the device is shared with (decision 23), percent-encoded; case-insensitive.',
+      schema: { type: 'string', format: 'email' },
+    },
   };
   return [...path.matchAll(/\{(\w+)\}/g)].map(([, name]) => ({
     name,

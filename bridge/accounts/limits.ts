@@ -1,7 +1,8 @@
 /**
  * The attempt limits of the account routes (docs/api.md, Rate limits): one limiter per kind of attempt and key,
  * built from `rateLimits`, and the helpers the routes count their attempts with. Login, signup, resend and
- * recovery are limited per address and per login; hashing is bounded by its queue (`guarded`).
+ * recovery are limited per address and per login, access tokens per address; hashing is bounded by its queue
+ * (`guarded`).
  */
 import type { FastifyRequest } from 'fastify';
 import type { Pool } from 'pg';
@@ -36,6 +37,8 @@ export interface Limits {
   resendByLogin: AttemptLimiter;
   recoverByAddress: AttemptLimiter;
   recoverByLogin: AttemptLimiter;
+  /** Access tokens presented to `POST /0/session/`, per address: guessing one is held back (decision 30). */
+  accessTokenByAddress: AttemptLimiter;
 }
 
 /**
@@ -57,6 +60,7 @@ export function createLimits(rl: BridgeConfig['rateLimits'], now: () => number, 
     resendByLogin: make('resendByLogin', rl.resend),
     recoverByAddress: make('recoverByAddress', rl.recover, PER_ADDRESS_FACTOR),
     recoverByLogin: make('recoverByLogin', rl.recover),
+    accessTokenByAddress: make('accessTokenByAddress', rl.accessToken),
   };
 }
 

@@ -52,8 +52,10 @@ export function accountRoutes(ctx: RouteContext): Route[] {
       const t = await tx.takeToken(hashSecretValue(token), 'recover', ctx.now(), user.id);
       if (!t || t.userId !== user.id) return false;
       await tx.updateUser(user.id, { passwordHash });
-      // Whoever knew the old password is logged out everywhere.
+      // Whoever knew the old password is logged out everywhere, and the access tokens made with it stop working
+      // (decision 30).
       await tx.deleteSessionsOfUser(user.id);
+      await tx.deleteAccessTokensOfUser(user.id);
       return true;
     });
     if (!done) throw new ApiError('recover-fail');
@@ -71,7 +73,7 @@ export function accountRoutes(ctx: RouteContext): Route[] {
     description:
       'Decision 5. With `login` alone: e-mails a link to set a new password (valid ' +
       `${config.accounts.recoverTokenHours} h, single use; only the newest link works). With \`login\`, \`token\` ` +
-      'and `password`: sets the new password and ends every session of the user. Both `/0/session/recovery` and ' +
+      'and `password`: sets the new password, ends every session of the user and revokes its access tokens. Both `/0/session/recovery` and ' +
       '`/0/session/recover` are accepted.',
     failToken: 'recover-fail',
     form: RecoverForm,

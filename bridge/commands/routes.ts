@@ -21,7 +21,7 @@ import type { StoredCommand } from './store.js';
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** Path segments under a device that are not commands of the older clients' spelling. */
-const RESERVED_SEGMENTS: ReadonlySet<string> = new Set(['d', 's', 'meta', 'fw', 'firmware', 'commands']);
+const RESERVED_SEGMENTS: ReadonlySet<string> = new Set(['d', 's', 'meta', 'fw', 'firmware', 'commands', 'users']);
 
 export function renderCommand(c: StoredCommand): string {
   const text = c.command.toString('latin1');
@@ -62,8 +62,9 @@ export function commandRoutes(ctx: RouteContext): Route[] {
   }
 
   const who =
-    'Who may: whoever may set the variables of the device, that is its owner, or, while it has no owner, a user ' +
-    'it heard nearby (decisions 14 and 18). Any other device answers exactly as one that does not exist.';
+    'Who may: whoever may set the variables of the device, that is its owner, a user it is shared with, or, while ' +
+    'it has no owner, a user it heard nearby (decisions 14, 18 and 23). Any other device answers exactly as one ' +
+    'that does not exist.';
   const full =
     `the device already has \`commands.maxOpen\` (${limits.maxOpen}) commands that are not finished (queued, sent or ` +
     'running; decision 13)';
@@ -126,7 +127,7 @@ export function commandRoutes(ctx: RouteContext): Route[] {
       description:
         'The command is the last path segment (percent-encoded); the body is not read. Default priority and ' +
         `lifetime. A segment that names a part of the device (\`d\`, \`s\`, \`meta\`, \`fw\`, \`firmware\`, ` +
-        `\`commands\`) is not a command. ${who}`,
+        `\`commands\`, \`users\`) is not a command. ${who}`,
       session: 'required',
       failToken: 'device-fail',
       responses: {

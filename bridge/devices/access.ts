@@ -1,7 +1,8 @@
 /**
- * Who may see a device (decisions 14 and 18; docs/api.md): its owner, through its uuid or its auth code; and,
- * while it has no owner, a user whose authcode it heard within the nearby window, when the frontend's `nearby`
- * is on. Every device route asks here, so that the rule is written once.
+ * Who may see a device (decisions 14, 18 and 23; docs/api.md): its owner, through its uuid or its auth code; the
+ * users its owner shared it with, likewise; and, while it has no owner, a user whose authcode it heard within the
+ * nearby window, when the frontend's `nearby` is on. Every device route asks here, so that the rule is written
+ * once; the routes only the owner may use (unregister, share, firmware) look at `role`.
  */
 import type { FastifyRequest } from 'fastify';
 import type { BridgeConfig } from '../config.js';
@@ -15,8 +16,18 @@ import type { Device } from './store.js';
 export interface DeviceAccess {
   /** The logged-in user, or 401 `no-session` (decision 3). */
   userOf: (req: FastifyRequest) => User;
-  /** The device the path's `id` names, if this user may see it; `owner` tells whether the user owns it. */
-  visible: (req: FastifyRequest, user: User) => Promise<{ device: Device; owner: boolean } | undefined>;
+  /** The device the path's `id` names, if this user may see it, and as what. */
+  visible: (req: FastifyRequest, user: User) => Promise<Seen | undefined>;
+}
+
+/** Why a user sees a device: owns it, it is shared with them (decision 23), or it has no owner and heard them. */
+export type Role = 'owner' | 'shared' | 'nearby';
+
+export interface Seen {
+  device: Device;
+  role: Role;
+  /** `role === 'owner'`. */
+  owner: boolean;
 }
 
 export interface AccessDeps {
@@ -39,9 +50,14 @@ export function deviceAccess(deps: AccessDeps): DeviceAccess {
       if (!ref) return undefined;
       const device = ref.kind === 'uuid' ? await devices.device(ref.id) : await devices.deviceByAuthcode(ref.authcode);
       if (!device) return undefined;
-      if (device.ownerId === user.id) return { device, owner: true };
-      if (device.ownerId !== null || !req.frontend.config.nearby) return undefined;
-      return (await devices.heardBy(device.id, user.id, deps.now() - windowMs)) ? { device, owner: false } : undefined;
+      if (device.ownerId === user.id) return { device, role: 'owner', owner: true };
+      if (device.ownerId !== null) {
+        // Decision 23: shares count only while the device has an owner (an unregister ends them all).
+        return (await devices.isSharedWith(device.id, user.id)) ? { device, role: 'shared', owner: false } : undefined;
+      }
+      if (!req.frontend.config.nearby) return undefined;
+      const near = await devices.heardBy(device.id, user.id, deps.now() - windowMs);
+      return near ? { device, role: 'nearby', owner: false } : undefined;
     },
   };
 }

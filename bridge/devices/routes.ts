@@ -2,8 +2,10 @@
  * The Devices and Network sections of the specification: the user's devices, claim and unregister, variables
  * and their history, and the nearby view.
  *
- * Who may see a device (decisions 14 and 18, written up in docs/api.md):
+ * Who may see a device (decisions 14, 18 and 23, written up in docs/api.md):
  * - its owner, through its uuid or its auth code;
+ * - a user its owner shared it with (shares.ts), likewise; such a user may do what the owner may but unregister,
+ *   share and update its firmware;
  * - while it has no owner, a user whose authcode it heard within the nearby window, when the frontend's
  *   `nearby` is on. Such a user may also read and set its variables (being near an unclaimed device is what
  *   claiming it takes, too). Unregistering needs the owner.
@@ -20,8 +22,9 @@ import { send, sendJson as json } from '../http/reply.js';
 import { bodyIsFields, fields, query, readForm } from '../http/request.js';
 import { type Route, named } from '../http/route.js';
 import { DEVICE_NOT_FOUND, deviceAccess } from './access.js';
+import { sharing } from './shares.js';
 import {
-  ClaimForm,
+  AUTHCODE_RE,
   ClaimResponse,
   DeviceCollection,
   DeviceObject,
@@ -31,6 +34,7 @@ import {
   VarTypeParam,
   VariableAnswer,
   VariableList,
+  claimForm,
   variableForm,
 } from './schemas.js';
 import type { VarType } from './store.js';
@@ -48,6 +52,8 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
   const Collection = named('DeviceCollection', DeviceCollection);
 
   const { userOf, visible } = deviceAccess(ctx);
+  const shares = sharing(ctx);
+  const ClaimForm = claimForm(config.accounts.loginMax);
 
   /** The variable type and name of the path; `undefined` when either is malformed. */
   function variable(req: FastifyRequest): { type: VarType; name: string } | undefined {
@@ -59,7 +65,8 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
 
   const window = `\`devices.nearbyWindowMs\` (${windowMs} ms)`;
   const who =
-    'The device is named by its uuid or its auth code. The user may see a device it owns; and, while a device ' +
+    'The device is named by its uuid or its auth code. The user may see a device it owns or that its owner ' +
+    'shared with the user (decision 23); and, while a device ' +
     `has no owner and the frontend's \`nearby\` is on, a device that heard one of the user's authcodes within ` +
     `${window} (decisions 14 and 18), whose variables the user may then read, set and delete too. Any other ` +
     'device answers exactly as one that does not exist.';
@@ -72,9 +79,10 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       path: '/0/devices/',
       operationId: 'listDevices',
       tag: 'Devices',
-      summary: 'The devices registered to the user',
+      summary: 'The devices registered to the user, and those shared with the user',
       description:
-        'Device objects keyed by device uuid, in the order they were claimed. A device object (decision 9) has ' +
+        'Device objects keyed by device uuid: those the user owns, in the order they were claimed, then those ' +
+        'shared with the user (decision 23), in the order they were shared. A device object (decision 9) has ' +
         '`d`, `s` and `meta`, each a map from variable name to variable record; deleted variables are left out. ' +
         '`Cache-Control: no-store`.',
       session: 'required',
@@ -84,8 +92,8 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       },
       handler: async (req, reply) => {
         const user = userOf(req);
-        const owned = await devices.deviceIdsOf(user.id);
-        const objects = await Promise.all(owned.map(async (id) => [id, await devices.deviceJson(id)] as const));
+        const ids = await devices.deviceIdsOf(user.id);
+        const objects = await Promise.all(ids.map(async (id) => [id, await devices.deviceJson(id)] as const));
         return json(reply, renderCollection(objects));
       },
     },
@@ -94,13 +102,15 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       path: '/0/devices/',
       operationId: 'claimDevice',
       tag: 'Devices',
-      summary: 'Claim a device',
+      summary: 'Claim a device, or share one',
       description:
         "Registers the device with this auth code to the user (decision 8; one owner). Needs the frontend's " +
         "`registration`; with its `claimRequiresProximity`, the device must have heard one of the user's " +
         `authcodes within ${window} (decision 16). Claiming a device the user already owns answers 201 again ` +
         'with the same id. The answer is the device uuid as text, or `{"id": "<uuid>"}` to a request with ' +
-        '`Accept: application/json`.',
+        '`Accept: application/json`. With `user` (decision 23): the owner shares the device named by `auth` (its ' +
+        'auth code or its uuid) with the user of that login in this frontend; sharing again is idempotent. The ' +
+        "frontend's `registration` does not govern shares.",
       session: 'required',
       failToken: 'claim-fail',
       form: named('ClaimForm', ClaimForm),
@@ -110,19 +120,26 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
           text: z.string().regex(DEVICE_ID_RE),
           json: named('ClaimResponse', ClaimResponse),
         },
+        200: { description: 'With `user`: shared (or it was already).', tokens: ['share-ok'] },
         400: {
           description:
-            '`auth` missing or malformed; no device has this auth code; another user owns the device; the ' +
-            "frontend's `registration` is off; `claimRequiresProximity` is on and the device has not heard the " +
-            `user within the window; ${malformed}.`,
-          tokens: [token('claim-fail')],
+            '`claim-fail`: `auth` missing or malformed (or a uuid); no device has this auth code; another user ' +
+            "owns the device; the frontend's `registration` is off; `claimRequiresProximity` is on and the device " +
+            `has not heard the user within the window; ${malformed}. \`share-fail\` (with \`user\`): \`auth\` or ` +
+            '`user` malformed; no such device, or the user does not own it; no user of that login in this ' +
+            "frontend; the login is the owner's own.",
+          tokens: [token('claim-fail'), token('share-fail')],
         },
         401: NO_SESSION,
       },
       handler: async (req, reply) => {
         const user = userOf(req);
+        // Decision 23: `user` makes the request a share (the official client's `shareDevice`).
+        if (Object.hasOwn(fields(req), 'user')) return shares.share(req, reply, user);
         const form = readForm(fields(req), ClaimForm);
-        if (!req.frontend.config.registration || !form.auth.ok) throw new ApiError('claim-fail');
+        if (!req.frontend.config.registration || !form.auth.ok || !AUTHCODE_RE.test(form.auth.value)) {
+          throw new ApiError('claim-fail');
+        }
         const device = await devices.deviceByAuthcode(form.auth.value);
         if (!device) throw new ApiError('claim-fail');
         const product = req.frontend.config;
@@ -168,14 +185,18 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       summary: 'Unregister a device',
       description:
         'Only the owner may. The device loses its owner, and with it what the owner kept on the server about ' +
-        'it: its `s` variables, the history of all its variables, and the record of who it heard nearby. Its ' +
-        '`d` and `meta` variables stay: they belong to the device. It can be claimed again.',
+        'it: its `s` variables, the history of all its variables, the record of who it heard nearby, and its ' +
+        'shares (decision 23). Its `d` and `meta` variables stay: they belong to the device. It can be claimed ' +
+        "again. Called by a user the device is shared with, it ends only that user's share.",
       session: 'required',
       failToken: 'device-fail',
       responses: {
-        200: { description: 'Unregistered.', tokens: ['device-ok'] },
+        200: {
+          description: "Unregistered; or, for a user it is shared with, that user's share ended.",
+          tokens: ['device-ok'],
+        },
         400: {
-          description: `No such device, one the user may not see, or one the user does not own; ${malformed}.`,
+          description: `No such device, one the user may not see, or one the user sees only nearby; ${malformed}.`,
           tokens: [token('device-fail')],
         },
         401: NO_SESSION,
@@ -183,6 +204,11 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
       handler: async (req, reply) => {
         const user = userOf(req);
         const seen = await visible(req, user);
+        if (seen?.role === 'shared') {
+          // Decision 23: a shared user removes the device from their own list; its owner keeps it.
+          if (!(await shares.unshare(seen.device.id, user.id, user.id))) throw new ApiError('device-fail');
+          return send(reply, 200, 'device-ok');
+        }
         if (!seen?.owner) throw new ApiError('device-fail');
         const id = seen.device.id;
         const done = await store.write(async (tx) => {
@@ -394,6 +420,7 @@ export function deviceRoutes(ctx: RouteContext): Route[] {
         return send(reply, 200, 'device-ok');
       },
     },
+    ...shares.routes,
     // ---- network ----
     {
       method: 'GET',

@@ -5,6 +5,7 @@
 import { z } from 'zod';
 import { DEVICE_ID_RE, VAR_NAME_RE } from '../../protocol/index.js';
 import { AppField } from '../frontends/schemas.js';
+import { LoginField } from '../sessions/schemas.js';
 
 /** A device auth code: its claim token and its key in `GET /0/network/` (hex, case-insensitive). */
 export const AUTHCODE_RE = /^[0-9a-f]{16,128}$/;
@@ -25,16 +26,39 @@ export function parseDeviceRef(raw: string): DeviceRef | undefined {
 export const VarTypeParam = z.enum(['d', 's', 'meta']);
 export const VarNameParam = z.string().regex(VAR_NAME_RE);
 
-/** `POST /0/devices/`: claim a device by its auth code (decision 8). */
-export const ClaimForm = z.object({
-  auth: z
-    .string()
-    .trim()
-    .toLowerCase()
-    .regex(AUTHCODE_RE)
-    .meta({ description: "The device's auth code (hex), as in `GET /0/network/` or from a proximity beacon." }),
-  app: AppField,
-});
+/** A device auth code, or (to share a device, decision 23) a device uuid. */
+const AUTH_OR_ID_RE = new RegExp(`^(?:${AUTHCODE_RE.source.slice(1, -1)}|${DEVICE_ID_RE.source.slice(1, -1)})$`);
+
+/**
+ * `POST /0/devices/`: claim a device by its auth code (decision 8), or, with `user`, share a device the user owns,
+ * named by its auth code or its uuid (decision 23).
+ */
+export function claimForm(loginMax: number) {
+  return z.object({
+    auth: z
+      .string()
+      .trim()
+      .toLowerCase()
+      .regex(AUTH_OR_ID_RE)
+      .meta({
+        description:
+          "The device's auth code (hex), as in `GET /0/network/` or from a proximity beacon. With `user`, the " +
+          'auth code or the device uuid.',
+      }),
+    user: LoginField(loginMax)
+      .optional()
+      .meta({ description: 'Share the device (which the user owns) with the user of this login, in this frontend.' }),
+    app: AppField,
+  });
+}
+
+/** `GET /0/devices/<id>/users/`: the users a device is shared with (decision 23). */
+export const ShareList = z.array(
+  z.object({
+    login: z.string(),
+    granted: z.number().int().meta({ description: 'When the device was shared with the user, ms since the epoch.' }),
+  }),
+);
 
 /**
  * `POST /0/devices/<id>/<type>/<name>`: `value` (text) or `value64` (base64 bytes); `value64` wins when both

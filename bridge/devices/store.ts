@@ -5,12 +5,14 @@
  * - `vars`: the `d`, `s` and `meta` variables of each device, `d` with the four stamps of docs/decisions.md §3;
  * - `history`: every value a variable took, indexed by variable and id, so that reading the newest N entries
  *   costs the same whatever the length of the history (decisions 10 and 11);
- * - `nearby`: which user's authcode each device heard last, and when (decision 18).
+ * - `nearby`: which user's authcode each device heard last, and when (decision 18);
+ * - `device_shares`: the users an owner shared a device with (decision 23; migration 8, bridge/store/sqlite.ts).
  *
  * Every method is synchronous; writes run inside the caller's transaction (`BridgeStore.write`). Only one
  * bridge process serves a data directory, so the JSON of a device object is kept in memory once built and
  * dropped by every write that changes the device; so is the list of each user's devices, dropped by the user's
- * claims and unregistrations (the only writes that change a device's owner).
+ * claims and unregistrations (the only writes that change a device's owner) and by the shares that name the user,
+ * granted, taken back, or ended with their device's registration.
  */
 import type { Db, Migration } from '../../lib/sqlite.js';
 import { type Version, compareVersions } from '../../protocol/index.js';
@@ -165,6 +167,16 @@ export interface VarKey {
 
 export type ClaimOutcome = 'claimed' | 'already-yours' | 'taken';
 
+/** Decision 23: what sharing a device did. */
+export type ShareOutcome = 'shared' | 'already' | 'not-owner';
+
+/** One user a device is shared with (decision 23). */
+export interface DeviceShare {
+  userId: number;
+  login: string;
+  grantedAt: number;
+}
+
 export class DeviceStore {
   private readonly s;
   private readonly rows = new Map<string, Device | null>();
@@ -181,10 +193,29 @@ export class DeviceStore {
     this.s = {
       device: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE id = ?'),
       byAuthcode: db.prepare<[string], DeviceRow>('SELECT * FROM devices WHERE authcode = ?'),
-      // From the owner index alone (its key ends with the primary key): no row of the table is read.
-      idsOfOwner: db
-        .prepare<[number], string>('SELECT id FROM devices WHERE owner_id = ? ORDER BY claimed_at, id')
+      // Owned devices in claim order, then shared ones in share order (decision 23); each part from its index.
+      idsOfUser: db
+        .prepare<[number, number], string>(
+          `SELECT id FROM (
+             SELECT id, 0 AS part, claimed_at AS at FROM devices WHERE owner_id = ?
+             UNION ALL
+             SELECT device_id, 1, granted_at FROM device_shares WHERE user_id = ?
+           ) ORDER BY part, at, id`,
+        )
         .pluck(),
+      share: db.prepare(
+        'INSERT INTO device_shares (device_id, user_id, granted_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING',
+      ),
+      unshare: db.prepare('DELETE FROM device_shares WHERE device_id = ? AND user_id = ?'),
+      isShared: db
+        .prepare<[string, number], number>('SELECT 1 FROM device_shares WHERE device_id = ? AND user_id = ?')
+        .pluck(),
+      sharesOf: db.prepare<[string], { user_id: number; login: string; granted_at: number }>(
+        `SELECT s.user_id, u.login, s.granted_at FROM device_shares s JOIN users u ON u.id = s.user_id
+         WHERE s.device_id = ? ORDER BY s.granted_at, s.user_id`,
+      ),
+      shareUsers: db.prepare<[string], number>('SELECT user_id FROM device_shares WHERE device_id = ?').pluck(),
+      delShares: db.prepare('DELETE FROM device_shares WHERE device_id = ?'),
       secret: db.prepare<[string], { secret_hash: string | null }>('SELECT secret_hash FROM devices WHERE id = ?'),
       enroll: db.prepare(
         `INSERT INTO devices (id, secret_hash, enrolled_at) VALUES (@id, @hash, @now)
@@ -292,13 +323,42 @@ export class DeviceStore {
     return r && toDevice(r);
   }
 
-  /** The ids of the devices registered to a user, in the order they were claimed. */
+  /**
+   * The ids of the devices registered to a user, in the order they were claimed, then those shared with the user,
+   * in the order they were shared (decision 23).
+   */
   deviceIdsOf(userId: number): readonly string[] {
     const hit = this.owned.get(userId);
     if (hit !== undefined) return hit;
-    const ids = this.s.idsOfOwner.all(userId);
+    const ids = this.s.idsOfUser.all(userId, userId);
     this.remember(this.owned, userId, ids);
     return ids;
+  }
+
+  /** Shares a device its owner `ownerId` has with `userId` (one writer: the owner read here stays the owner). */
+  share(deviceId: string, ownerId: number, userId: number, now: number): ShareOutcome {
+    if (this.device(deviceId)?.ownerId !== ownerId) return 'not-owner';
+    this.owned.delete(userId);
+    return this.s.share.run(deviceId, userId, now).changes > 0 ? 'shared' : 'already';
+  }
+
+  unshare(deviceId: string, userId: number): boolean {
+    this.owned.delete(userId);
+    return this.s.unshare.run(deviceId, userId).changes > 0;
+  }
+
+  isSharedWith(deviceId: string, userId: number): boolean {
+    return this.s.isShared.get(deviceId, userId) !== undefined;
+  }
+
+  sharesOf(deviceId: string): DeviceShare[] {
+    return this.s.sharesOf.all(deviceId).map((r) => ({ userId: r.user_id, login: r.login, grantedAt: r.granted_at }));
+  }
+
+  /** Ends every share of a device: its users' lists change too. */
+  private dropShares(deviceId: string): void {
+    for (const u of this.s.shareUsers.all(deviceId)) this.owned.delete(u);
+    this.s.delShares.run(deviceId);
   }
 
   secretHash(deviceId: string): string | undefined {
@@ -336,18 +396,22 @@ export class DeviceStore {
     if (!d || d.ownerId !== null) return 'taken';
     this.forget(deviceId);
     this.owned.delete(userId);
-    return this.s.claim.run(userId, now, deviceId).changes > 0 ? 'claimed' : 'taken';
+    if (this.s.claim.run(userId, now, deviceId).changes === 0) return 'taken';
+    // Shares left by an owner who is gone (a user removed) are not the new owner's (decision 23).
+    this.dropShares(deviceId);
+    return 'claimed';
   }
 
   /**
    * Unregisters a device from its owner. What the owner kept on the server about it goes with it: its `s`
-   * variables, the history of every variable, and who it heard nearby. Its `d` and `meta` variables stay:
+   * variables, the history of every variable, who it heard nearby, and the users it was shared with. Its `d` and `meta` variables stay:
    * they belong to the device.
    */
   unregister(deviceId: string, userId: number): boolean {
     this.forget(deviceId);
     this.owned.delete(userId);
     if (this.s.unclaim.run(deviceId, userId).changes === 0) return false;
+    this.dropShares(deviceId);
     this.s.delServerVars.run(deviceId);
     this.s.delHistory.run(deviceId);
     this.s.delNearby.run(deviceId);

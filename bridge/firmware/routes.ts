@@ -12,7 +12,8 @@
  * - `GET /0/firmware/jobs/<job>/image`: the image, for the device of the job, with `Authorization: Bearer <token>`
  *   and HTTP Range requests (a download resumes where it stopped). Not a user route: no frontend, no session.
  *
- * Who may start and cancel: whoever may change the device's variables (devices/access.ts).
+ * Who may start and cancel: whoever may change the device's variables (devices/access.ts), but a user the device is
+ * only shared with (decision 23).
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { createReadStream } from 'node:fs';
@@ -63,6 +64,8 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
     const user = userOf(req);
     const seen = await visible(req, user);
     if (!seen) throw new ApiError('device-fail');
+    // Decision 23: a user the device is shared with may not update its firmware.
+    if (seen.role === 'shared') throw new ApiError('device-fwup-start-fail');
     const raw = (req.params as { '*'?: string })['*'] ?? '';
     const name = FirmwareName.safeParse(raw);
     const image = name.success ? await catalog.byName(name.data) : undefined;
@@ -124,7 +127,9 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
     log.info({ event: 'fw.started', deviceId: id, job: jobId, name: image.name, version: image.version });
   }
 
-  const who = 'For the owner of the device, or a user it heard nearby while it has no owner.';
+  const who =
+    'For the owner of the device, or a user it heard nearby while it has no owner; not for a user it is shared with ' +
+    '(decision 23).';
   const startRoute = (prefix: string, operationId: string, alias: boolean): Route => ({
     method: 'POST',
     path: `/0/devices/{id}/${prefix}/{image}`,
@@ -145,7 +150,8 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
         description:
           '`device-fwup-name-fail`: no image of that name. `device-fwup-start-fail`: the device is not connected ' +
           'in mode and state, its platform is not one the image updates from, an update is running, the job ' +
-          'could not be handed to the broker, or a malformed body. `device-fail`: no device the user may see.',
+          'could not be handed to the broker, the device is only shared with the user (decision 23), or a malformed ' +
+          'body. `device-fail`: no device the user may see.',
         tokens: [token('device-fwup-name-fail'), token('device-fwup-start-fail'), token('device-fail')],
       },
       401: NO_SESSION,
@@ -171,8 +177,8 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
       400: {
         description:
           'No update is running, it is past the switch (`fwstate` `switching`, `restarting`, `committing`, ' +
-          '`rollingback`), the device is not one the user may see, the cancel could not be handed over, or a ' +
-          'malformed body.',
+          '`rollingback`), the device is not one the user may see or is only shared with the user (decision 23), ' +
+          'the cancel could not be handed over, or a malformed body.',
         tokens: [token('firmware-fail')],
       },
       401: NO_SESSION,
@@ -180,7 +186,7 @@ export function firmwareRoutes(ctx: RouteContext): Route[] {
     handler: async (req, reply) => {
       const user = userOf(req);
       const seen = await visible(req, user);
-      if (!seen) throw new ApiError('firmware-fail');
+      if (!seen || seen.role === 'shared') throw new ApiError('firmware-fail');
       const id = seen.device.id;
       const job = await jobs.openOf(id);
       const fwstate = (await metaValue(store, id, 'meta', 'fwstate')) ?? 'idle';

@@ -7,7 +7,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { BridgeConfig } from '../config.js';
 import type { EventBus } from '../events/bus.js';
-import type { BridgeStore, Session, User } from '../store/types.js';
+import type { BridgeStore, Session, StoreTx, User } from '../store/types.js';
 
 export const COOKIE_NAME = 'sid';
 const DAY_MS = 86_400_000;
@@ -80,12 +80,44 @@ export async function startSession(
   now: number,
   events?: EventBus,
 ): Promise<void> {
+  await replaceSession(req, reply, store, config, now, events, () => Promise.resolve({ userId }));
+}
+
+/** Whose the new session of {@link replaceSession} is: a user (and the access token it was started with), or none. */
+export interface SessionOwner {
+  userId: number | null;
+  accessTokenId?: number | null;
+}
+
+/**
+ * As {@link startSession}, with the new session's user decided by `decide` inside the same transaction (an access
+ * token is looked up, stamped and recorded with the session it starts, decision 30); answers what it decided.
+ */
+export async function replaceSession<T extends SessionOwner>(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  store: BridgeStore,
+  config: BridgeConfig,
+  now: number,
+  events: EventBus | undefined,
+  decide: (tx: StoreTx) => Promise<T>,
+): Promise<T> {
   const id = newSessionId();
   const old = req.session;
-  await store.write(async (tx) => {
+  const owner = await store.write(async (tx) => {
+    const o = await decide(tx);
     if (old) await tx.deleteSession(old.idHash);
-    await tx.createSession({ idHash: id.hash, frontendId: req.frontend.id, userId, createdAt: now, lastSeenAt: now });
+    await tx.createSession({
+      idHash: id.hash,
+      frontendId: req.frontend.id,
+      userId: o.userId,
+      createdAt: now,
+      lastSeenAt: now,
+      accessTokenId: o.accessTokenId ?? null,
+    });
+    return o;
   });
   if (old) events?.publish({ type: 'session.ended', idHash: old.idHash, userId: old.userId });
   setSessionCookie(req, reply, id.value, config);
+  return owner;
 }

@@ -1,6 +1,6 @@
 /**
  * Sessions: `POST /0/session/`, `login`, `logout` and `signup`, with the statuses and tokens of the
- * specification's Session table and state table, and decisions 1 to 4 and 12.
+ * specification's Session table and state table, and decisions 1 to 4, 12 and 25 (a session from an access token).
  */
 import { address, guarded, limit } from '../accounts/limits.js';
 import { linkOrigin, sendConfirmation } from '../accounts/service.js';
@@ -11,7 +11,8 @@ import { send } from '../http/reply.js';
 import { fields, readForm } from '../http/request.js';
 import { type Route, named } from '../http/route.js';
 import { newAuthcode } from '../users/authcode.js';
-import { startSession } from './cookie.js';
+import { accessTokenOwner } from './accesstokens.js';
+import { replaceSession, startSession } from './cookie.js';
 import { sessionForms } from './schemas.js';
 
 export function sessionRoutes(ctx: RouteContext): Route[] {
@@ -26,18 +27,56 @@ export function sessionRoutes(ctx: RouteContext): Route[] {
       path: '/0/session/',
       operationId: 'createSession',
       tag: 'Session',
-      summary: 'Anonymous session',
-      description: 'Creates an anonymous session in the frontend unless the request already has a valid one.',
+      summary: 'Anonymous session, or the session of an access token',
+      description:
+        'Without `token`: creates an anonymous session in the frontend unless the request already has a valid ' +
+        "one. With `token` (decision 30): replaces the request's session with a new one (a new cookie) of the " +
+        "token's user, or, when the token is not valid here, with a new anonymous one.",
       session: 'optional',
-      form: NoForm,
+      form: named('SessionForm', forms.session),
       responses: {
-        200: { description: 'The session existed.', tokens: ['user-ok'] },
-        201: { description: 'New anonymous session; cookie set.', tokens: ['user-ok'], setsCookie: true },
+        200: { description: 'No `token`: the session existed.', tokens: ['user-ok'] },
+        201: {
+          description: "No `token`: a new anonymous session. With `token`: a new session of the token's user.",
+          tokens: ['user-ok'],
+          setsCookie: true,
+        },
         400: { description: `A malformed body (bad JSON, not UTF-8, over ${bodyLimit}).`, tokens: [BAD_REQUEST] },
+        401: {
+          description:
+            'The token is malformed, unknown or revoked, or its user is of another frontend: the session is a new ' +
+            'anonymous one (cookie set), whatever it was before.',
+          tokens: [token('token-fail')],
+          setsCookie: true,
+        },
+        429: TOO_MANY,
       },
       handler: async (req, reply) => {
-        if (req.session) return send(reply, 200, 'user-ok');
-        await startSession(req, reply, store, config, null, now(), events);
+        const form = readForm(fields(req), forms.session);
+        // Absent or empty (the official client sends `token` with no value when it has none): as without it.
+        const tokenGiven = !form.token.ok || (form.token.value !== undefined && form.token.value !== '');
+        if (!tokenGiven) {
+          if (req.session) return send(reply, 200, 'user-ok');
+          await startSession(req, reply, store, config, null, now(), events);
+          return send(reply, 201, 'user-ok');
+        }
+        await limit([[limits.accessTokenByAddress, address(req)]]);
+        const text = form.token.ok ? (form.token.value ?? '') : '';
+        const t = now();
+        const started = await replaceSession(req, reply, store, config, t, events, async (tx) => {
+          const owner = await accessTokenOwner(tx, text, req.frontend.id, t);
+          return owner ? { userId: owner.user.id, accessTokenId: owner.token.id } : { userId: null };
+        });
+        if (started.userId === null) {
+          ctx.log.info({ event: 'session.token_failed', frontend: req.frontend.id });
+          return send(reply, 401, 'token-fail');
+        }
+        ctx.log.info({
+          event: 'session.token_login',
+          frontend: req.frontend.id,
+          userId: started.userId,
+          tokenId: started.accessTokenId,
+        });
         return send(reply, 201, 'user-ok');
       },
     },

@@ -34,8 +34,21 @@ export function NewPasswordField(a: AccountLimits) {
 
 export function sessionForms(a: AccountLimits) {
   return {
-    /** `POST /0/session/` and `POST /0/session/logout` take no parameters but the frontend. */
+    /** `POST /0/session/logout` takes no parameters but the frontend. */
     none: z.object({ app: AppField }),
+    /** `POST /0/session/`: with `token`, the session of an access token's user (decision 30). */
+    session: z.object({
+      token: z
+        .string()
+        .max(1024)
+        .optional()
+        .meta({
+          description:
+            "An access token (`POST /0/user/accesstoken`): the new session is its user's. Absent or empty: an " +
+            'anonymous session, unless the request has a valid one.',
+        }),
+      app: AppField,
+    }),
     login: z.object({
       login: LoginField(a.loginMax),
       // No lower bound: a password set under an older, lower minimum still logs in.

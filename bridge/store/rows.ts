@@ -2,7 +2,7 @@
  * The rows of frontends, users and sessions as either engine reads them, and the objects the store answers with
  * (types.ts). The flags are SQLite's 0/1 or PostgreSQL's BOOLEAN.
  */
-import { type Frontend, ProductConfig, type Session, type User } from './types.js';
+import { type AccessToken, type Frontend, ProductConfig, type Session, type User } from './types.js';
 
 const flag = (v: number | boolean): boolean => v === true || v === 1;
 
@@ -33,6 +33,16 @@ export interface SessionRow {
   user_id: number | null;
   created_at: number;
   last_seen_at: number;
+  access_token_id: number | null;
+}
+
+export interface AccessTokenRow {
+  id: number;
+  hash: string;
+  user_id: number;
+  prefix: string;
+  created_at: number;
+  last_used_at: number | null;
 }
 
 export const toFrontend = (r: FrontendRow): Frontend => ({
@@ -63,4 +73,14 @@ export const toSession = (r: SessionRow): Session => ({
   userId: r.user_id,
   createdAt: r.created_at,
   lastSeenAt: r.last_seen_at,
+  accessTokenId: r.access_token_id,
+});
+
+export const toAccessToken = (r: AccessTokenRow): AccessToken => ({
+  id: r.id,
+  hash: r.hash,
+  userId: r.user_id,
+  prefix: r.prefix,
+  createdAt: r.created_at,
+  lastUsedAt: r.last_used_at,
 });

@@ -12,6 +12,7 @@ import { FIRMWARE_JOB_MIGRATION, FIRMWARE_JOB_URL_MIGRATION, FirmwareJobStore } 
 import { promised } from '../../lib/promised.js';
 import type { ProductConfig } from './types.js';
 import {
+  type AccessToken,
   type BridgeStore,
   type CommandRepo,
   type DeviceRepo,
@@ -19,6 +20,7 @@ import {
   type FwJobRepo,
   type StoreTx,
   type Frontend,
+  type NewAccessToken,
   type NewUser,
   type Session,
   type Token,
@@ -26,7 +28,16 @@ import {
   type User,
   type UserPatch,
 } from './types.js';
-import { type FrontendRow, type SessionRow, type UserRow, toFrontend, toSession, toUser } from './rows.js';
+import {
+  type AccessTokenRow,
+  type FrontendRow,
+  type SessionRow,
+  type UserRow,
+  toAccessToken,
+  toFrontend,
+  toSession,
+  toUser,
+} from './rows.js';
 
 export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   (db) => {
@@ -85,6 +96,30 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
   FIRMWARE_MIGRATION,
   FIRMWARE_JOB_MIGRATION,
   FIRMWARE_JOB_URL_MIGRATION,
+  (db) => {
+    // Migration 8: access tokens (decision 30), the sessions they start, and devices shared with users (decision 23).
+    db.exec(`
+      CREATE TABLE access_tokens (
+        -- AUTOINCREMENT: the number a user revokes a token by is never given to a later one.
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        hash         TEXT NOT NULL UNIQUE,
+        user_id      INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+        prefix       TEXT NOT NULL,
+        created_at   INTEGER NOT NULL,
+        last_used_at INTEGER
+      );
+      CREATE INDEX access_tokens_user ON access_tokens (user_id, id);
+      ALTER TABLE sessions ADD COLUMN access_token_id INTEGER REFERENCES access_tokens (id) ON DELETE CASCADE;
+      CREATE INDEX sessions_access_token ON sessions (access_token_id) WHERE access_token_id IS NOT NULL;
+      CREATE TABLE device_shares (
+        device_id  TEXT NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
+        user_id    INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+        granted_at INTEGER NOT NULL,
+        PRIMARY KEY (device_id, user_id)
+      ) WITHOUT ROWID;
+      CREATE INDEX device_shares_user ON device_shares (user_id, granted_at);
+    `);
+  },
 ];
 
 /** Sessions (with their users) kept in memory for the check every request makes. */
@@ -159,7 +194,8 @@ export class SqliteCore {
       userByAuthcode: db.prepare<[string], UserRow>('SELECT * FROM users WHERE authcode = ?'),
       userByPrevAuthcode: db.prepare<[string], UserRow>('SELECT * FROM users WHERE authcode_prev = ?'),
       insSession: db.prepare(
-        'INSERT INTO sessions (id_hash, frontend_id, user_id, created_at, last_seen_at) VALUES (@idHash, @frontendId, @userId, @createdAt, @lastSeenAt)',
+        `INSERT INTO sessions (id_hash, frontend_id, user_id, created_at, last_seen_at, access_token_id)
+         VALUES (@idHash, @frontendId, @userId, @createdAt, @lastSeenAt, @accessTokenId)`,
       ),
       session: db.prepare<[string], SessionRow>('SELECT * FROM sessions WHERE id_hash = ?'),
       touchSession: db.prepare('UPDATE sessions SET last_seen_at = ? WHERE id_hash = ?'),
@@ -176,6 +212,22 @@ export class SqliteCore {
         'DELETE FROM tokens WHERE hash = ? AND kind = ? AND expires_at > ? AND user_id = coalesce(?, user_id) RETURNING *',
       ),
       delUserTokens: db.prepare('DELETE FROM tokens WHERE user_id = ? AND kind = ?'),
+      insAccessToken: db.prepare<[Record<string, unknown>], AccessTokenRow>(
+        `INSERT INTO access_tokens (hash, user_id, prefix, created_at) VALUES (@hash, @userId, @prefix, @createdAt)
+         RETURNING *`,
+      ),
+      accessTokensOf: db.prepare<[number], AccessTokenRow>('SELECT * FROM access_tokens WHERE user_id = ? ORDER BY id'),
+      accessTokenByHash: db.prepare<[string], AccessTokenRow>('SELECT * FROM access_tokens WHERE hash = ?'),
+      accessTokenById: db.prepare<[number, number], AccessTokenRow>(
+        'SELECT * FROM access_tokens WHERE id = ? AND user_id = ?',
+      ),
+      touchAccessToken: db.prepare('UPDATE access_tokens SET last_used_at = ? WHERE id = ?'),
+      sessionsOfAccessToken: db
+        .prepare<[number], string>('SELECT id_hash FROM sessions WHERE access_token_id = ?')
+        .pluck(),
+      // The sessions the token started go with it (ON DELETE CASCADE).
+      delAccessToken: db.prepare('DELETE FROM access_tokens WHERE id = ?'),
+      delUserAccessTokens: db.prepare('DELETE FROM access_tokens WHERE user_id = ?'),
       pageCount: db.prepare<[], number>('PRAGMA page_count').pluck(),
       pageSize: db.prepare<[], number>('PRAGMA page_size').pluck(),
       freePages: db.prepare<[], number>('PRAGMA freelist_count').pluck(),
@@ -303,7 +355,7 @@ export class SqliteCore {
   }
 
   createSession(s: Session): void {
-    this.s.insSession.run({ ...s });
+    this.s.insSession.run({ ...s, accessTokenId: s.accessTokenId ?? null });
   }
 
   session(idHash: string): Session | undefined {
@@ -375,6 +427,40 @@ export class SqliteCore {
 
   deleteTokensOfUser(userId: number, kind: TokenKind): void {
     this.s.delUserTokens.run(userId, kind);
+  }
+
+  createAccessToken(t: NewAccessToken): AccessToken {
+    return toAccessToken(this.s.insAccessToken.get({ ...t })!);
+  }
+
+  accessTokensOf(userId: number): AccessToken[] {
+    return this.s.accessTokensOf.all(userId).map(toAccessToken);
+  }
+
+  accessTokenByHash(hash: string): AccessToken | undefined {
+    const r = this.s.accessTokenByHash.get(hash);
+    return r && toAccessToken(r);
+  }
+
+  touchAccessToken(id: number, now: number): boolean {
+    return this.s.touchAccessToken.run(now, id).changes > 0;
+  }
+
+  deleteAccessToken(
+    userId: number,
+    which: { hash: string } | { id: number },
+  ): { token: AccessToken; sessions: string[] } | undefined {
+    const r = 'hash' in which ? this.s.accessTokenByHash.get(which.hash) : this.s.accessTokenById.get(which.id, userId);
+    if (!r || r.user_id !== userId) return undefined;
+    const sessions = this.s.sessionsOfAccessToken.all(r.id);
+    this.forgetUser(userId);
+    this.s.delAccessToken.run(r.id);
+    return { token: toAccessToken(r), sessions };
+  }
+
+  deleteAccessTokensOfUser(userId: number): number {
+    this.forgetUser(userId);
+    return this.s.delUserAccessTokens.run(userId).changes;
   }
 
   // ---- device credentials (the embedded broker's enrolment) ----
@@ -518,6 +604,27 @@ export class SqliteStore implements BridgeStore {
   }
   deleteTokensOfUser(userId: number, kind: TokenKind): Promise<void> {
     return wrap(() => this.core.deleteTokensOfUser(userId, kind));
+  }
+  createAccessToken(t: NewAccessToken): Promise<AccessToken> {
+    return wrap(() => this.core.createAccessToken(t));
+  }
+  accessTokensOf(userId: number): Promise<AccessToken[]> {
+    return wrap(() => this.core.accessTokensOf(userId));
+  }
+  accessTokenByHash(hash: string): Promise<AccessToken | undefined> {
+    return wrap(() => this.core.accessTokenByHash(hash));
+  }
+  touchAccessToken(id: number, now: number): Promise<boolean> {
+    return wrap(() => this.core.touchAccessToken(id, now));
+  }
+  deleteAccessToken(
+    userId: number,
+    which: { hash: string } | { id: number },
+  ): Promise<{ token: AccessToken; sessions: string[] } | undefined> {
+    return wrap(() => this.core.deleteAccessToken(userId, which));
+  }
+  deleteAccessTokensOfUser(userId: number): Promise<number> {
+    return wrap(() => this.core.deleteAccessTokensOfUser(userId));
   }
 
   close(): Promise<void> {

@@ -14,9 +14,11 @@ import type { BridgeCommandState, NewBridgeCommand, StoredCommand } from '../com
 import type {
   ClaimOutcome,
   Device,
+  DeviceShare,
   HistoryEntry,
   NewVersion,
   SetBy,
+  ShareOutcome,
   VarKey,
   VarRecord,
   VarType,
@@ -70,7 +72,27 @@ export interface Session {
   userId: number | null;
   createdAt: number;
   lastSeenAt: number;
+  /**
+   * The access token this session was started with (`POST /0/session/` with `token`), whose revocation ends it
+   * (decision 30); `null` (or absent when made) for a session of a login, a signup or an anonymous one.
+   */
+  accessTokenId?: number | null;
 }
+
+/** A long-lived access token of a user (decision 30): only its sha256 is stored, beside a short prefix to tell it by. */
+export interface AccessToken {
+  /** Its number, by which the user lists and may revoke it without the secret. */
+  id: number;
+  hash: string;
+  userId: number;
+  /** The first characters of the token, to recognise it in a list; not enough to use it. */
+  prefix: string;
+  createdAt: number;
+  /** When it last started a session (or a live channel), `null` before its first use. */
+  lastUsedAt: number | null;
+}
+
+export type NewAccessToken = Omit<AccessToken, 'id' | 'lastUsedAt'>;
 
 export type TokenKind = 'confirm' | 'recover';
 
@@ -105,8 +127,23 @@ export interface UserPatch {
 export interface DeviceRepo {
   device(id: string): Promise<Device | undefined>;
   deviceByAuthcode(authcode: string): Promise<Device | undefined>;
-  /** The ids of the devices registered to a user, in the order they were claimed. */
+  /**
+   * The ids of the devices a user may use as theirs (decision 23): those registered to the user, in the order they
+   * were claimed, then those shared with the user, in the order they were shared. The device list and the live
+   * channel read this.
+   */
   deviceIdsOf(userId: number): Promise<readonly string[]>;
+  /**
+   * Shares a device its owner `ownerId` has with `userId` (decision 23): `shared`, `already` (it was), or
+   * `not-owner` when `ownerId` does not own it (any more: the device row is locked against a concurrent unregister).
+   */
+  share(deviceId: string, ownerId: number, userId: number, now: number): Promise<ShareOutcome>;
+  /** Takes a share back; `false` when there was none. */
+  unshare(deviceId: string, userId: number): Promise<boolean>;
+  /** Whether the device is shared with the user (whoever owns it). */
+  isSharedWith(deviceId: string, userId: number): Promise<boolean>;
+  /** The users a device is shared with, in the order they were shared. */
+  sharesOf(deviceId: string): Promise<DeviceShare[]>;
   secretHash(deviceId: string): Promise<string | undefined>;
   /** Trust on first use: the first secret a device presents is kept. */
   enroll(deviceId: string, secretHash: string, now: number): Promise<void>;
@@ -114,8 +151,9 @@ export interface DeviceRepo {
   touch(deviceId: string, now: number): Promise<void>;
   /** Records the auth code a device reports; `false` when another device already has it. */
   setAuthcode(deviceId: string, authcode: string): Promise<boolean>;
+  /** A claim by a new owner also ends any share left of the device (decision 23). */
   claim(deviceId: string, userId: number, now: number): Promise<ClaimOutcome>;
-  /** Unregisters a device: its `s` variables, history and nearby rows go; `d` and `meta` stay. */
+  /** Unregisters a device: its `s` variables, history, nearby rows and shares go; `d` and `meta` stay. */
   unregister(deviceId: string, userId: number): Promise<boolean>;
 
   /** `forUpdate`: as `StoreTx.userById`, for a read-modify-write of the variable (a user's change, a sync). */
@@ -248,6 +286,24 @@ export interface StoreTx {
    */
   takeToken(hash: string, kind: TokenKind, now: number, userId?: number): Promise<Token | undefined>;
   deleteTokensOfUser(userId: number, kind: TokenKind): Promise<void>;
+
+  /** Adds an access token (decision 30); its number is the answer. */
+  createAccessToken(t: NewAccessToken): Promise<AccessToken>;
+  /** The user's access tokens, oldest first. */
+  accessTokensOf(userId: number): Promise<AccessToken[]>;
+  accessTokenByHash(hash: string): Promise<AccessToken | undefined>;
+  /** Stamps the token's last use; `false` when it no longer exists. */
+  touchAccessToken(id: number, now: number): Promise<boolean>;
+  /**
+   * Revokes one of the user's access tokens, by its hash or its number, and with it the sessions it started;
+   * `undefined` when the user has no such token, else the token and the stored hashes of the sessions that ended.
+   */
+  deleteAccessToken(
+    userId: number,
+    which: { hash: string } | { id: number },
+  ): Promise<{ token: AccessToken; sessions: string[] } | undefined>;
+  /** Revokes every access token of the user (a password reset), and the sessions they started; returns how many. */
+  deleteAccessTokensOfUser(userId: number): Promise<number>;
 }
 
 export type StoreEngine = 'sqlite' | 'postgres';

@@ -410,8 +410,10 @@ describe('every status and token the document lists is brought about', () => {
   it('on the session, account and user data routes', async () => {
     // One attempt per window, so that the second answers 429.
     const one = { limit: 1 };
-    const rateLimits = { login: one, signup: one, resend: one, recover: one };
+    const rateLimits = { login: one, signup: one, resend: one, recover: one, accessToken: one };
     const limited = await startTestBridge({ config: { rateLimits } });
+    // One access token per user, so that the second is refused.
+    const few = await startTestBridge({ config: { accounts: { accessTokensPerUser: 1 } } });
     const busy = await startTestBridge({ hasher: fullHasher() });
     const full = await startTestBridge({ openStore: fullStore });
     // Their users, made directly: these apps can neither hash nor write.
@@ -437,6 +439,14 @@ describe('every status and token the document lists is brought about', () => {
     const [u, v] = [await newUser(), await newUser()];
     const big = { big: 'x'.repeat(main.config.accounts.userDataBytes) };
     let sid = '';
+    // An access token of u's, and the session it starts (decision 30).
+    const tokens = '/0/user/accesstoken';
+    const accessToken = (await call(main.app, { url: tokens, cookie: u.sid })).body;
+    let tokenSid = '';
+    const fewSid = (await call(few.app, { url: '/0/session/signup', form: { login: 'f@example.com', password: pw } }))
+      .sid!;
+    await call(few.app, { url: tokens, cookie: fewSid });
+    let spare = '';
     const confirmLink = () => {
       const link = outboxLink(outboxDir(main.config), 'confirm');
       expect(link.pathname).toBe('/0/session/confirm');
@@ -467,6 +477,9 @@ describe('every status and token the document lists is brought about', () => {
           [201, 'user-ok', 'no session', post('/0/session/'), (a) => (sid = a.sid!)],
           [200, 'user-ok', 'a session', () => call(main.app, { url: '/0/session/', cookie: sid })],
           [400, 'bad-request', 'malformed JSON', broken('/0/session/')],
+          [201, 'user-ok', 'an access token', post('/0/session/', { token: accessToken }), (a) => (tokenSid = a.sid!)],
+          [401, 'token-fail', 'an unknown access token', post('/0/session/', { token: 'x'.repeat(43) })],
+          [429, 'too-many-requests', 'two tokens', twice('/0/session/', { token: 'y'.repeat(43) })],
           // Nothing is written before the write refused: no old session, no user.
           [507, 'storage-full', 'a full disk', odd(full, '/0/session/')],
         ],
@@ -516,8 +529,26 @@ describe('every status and token the document lists is brought about', () => {
           [413, 'user-data-failed', 'too much data', post('/0/user/', big, u.sid)],
         ],
         getOpenApi: [[200, null, 'no session', get(OPENAPI_PATH)]],
+        createAccessToken: [
+          [201, null, 'a logged-in session', post(tokens, undefined, u.sid), (a) => (spare = a.body)],
+          [400, 'accesstoken-fail-limit', 'one token too many', () => call(few.app, { url: tokens, cookie: fewSid })],
+          [400, 'accesstoken-fail', 'malformed JSON', broken(tokens, u.sid)],
+          [401, 'no-session', 'no session', post(tokens)],
+          [403, 'accesstoken-fail-token-session', 'a session of a token', () => post(tokens, undefined, tokenSid)()],
+        ],
+        listAccessTokens: [
+          [200, null, "the user's", get(tokens, u.sid), (a) => expect(body(a)).toHaveLength(2)],
+          [401, 'no-session', 'no session', get(tokens)],
+        ],
+        revokeAccessToken: [
+          [200, 'accesstoken-ok', 'a token', () => del(`/0/user/accesstoken/${spare}`, u.sid)()],
+          [400, 'accesstoken-fail', 'the same again', () => del(`/0/user/accesstoken/${spare}`, u.sid)()],
+          [400, 'accesstoken-fail', 'malformed JSON', broken('/0/user/accesstoken/1', u.sid, 'DELETE')],
+          [401, 'no-session', 'no session', del('/0/user/accesstoken/1')],
+        ],
       });
     } finally {
+      await few.close();
       await limited.close();
       await busy.close();
       await full.close();
@@ -525,7 +556,7 @@ describe('every status and token the document lists is brought about', () => {
   });
 
   it('on the device and network routes', async () => {
-    const [owner, stranger] = [await newUser(), await newUser()];
+    const [owner, stranger, friend] = [await newUser(), await newUser(), await newUser()];
     const farFrontend = await main.addFrontend({ nearby: false });
     const far = await newUser(farFrontend.id);
     const own = await seedDevice({ owner: owner.id });
@@ -540,6 +571,7 @@ describe('every status and token the document lists is brought about', () => {
     expect((await del(`${base}/s/gone`, o)()).body).toBe('device-ok');
     await post(`${base}/d/temp`, { value: '21' }, o)();
     const claim = (auth: string, sid?: string) => post('/0/devices/', { auth }, sid);
+    const share = (sid: string) => post('/0/devices/', { auth: own.id, user: friend.login }, sid);
     const claimJson = () => {
       const form = { auth: unclaimed.authcode.toUpperCase() };
       return call(main.app, { url: '/0/devices/', form, cookie: o, headers: { accept: 'application/json' } });
@@ -572,6 +604,20 @@ describe('every status and token the document lists is brought about', () => {
         [400, 'claim-fail', 'a malformed auth code', claim('not hex', o)],
         [400, 'claim-fail', 'malformed JSON', broken('/0/devices/', o)],
         [401, 'no-session', 'no session', claim(unclaimed.authcode)],
+        [200, 'share-ok', 'with user: a share', post('/0/devices/', { auth: own.id, user: friend.login }, o)],
+        [400, 'share-fail', 'a share of a device the user does not own', share(x)],
+      ],
+      listDeviceShares: [
+        [200, null, 'the owner', get(`${base}/users/`, o), matches([{ login: friend.login }])],
+        [403, 'share-fail', 'a user it is shared with', get(`${base}/users/`, friend.sid)],
+        [404, 'device-fail', "another user's device", get(`${base}/users/`, x)],
+        [401, 'no-session', 'no session', get(`${base}/users/`)],
+      ],
+      revokeDeviceShare: [
+        [200, 'share-ok', 'the owner', del(`${base}/users/${friend.login}`, o)],
+        [400, 'share-fail', 'the same again', del(`${base}/users/${friend.login}`, o)],
+        [400, 'share-fail', 'malformed JSON', broken(`${base}/users/${friend.login}`, o, 'DELETE')],
+        [401, 'no-session', 'no session', del(`${base}/users/${friend.login}`)],
       ],
       getDevice: [
         [200, null, 'by uuid', get(base, o)],

@@ -230,6 +230,7 @@ function behaviour(open: () => Promise<BridgeStore>) {
         userId: u.id,
         createdAt: T,
         lastSeenAt: T,
+        accessTokenId: null,
       });
       expect(await s.sessionWithUser('h1')).toEqual({ session: await s.session('h1'), user: u });
       expect(await s.sessionWithUser('h2')).toEqual({ session: await s.session('h2'), user: undefined });
@@ -374,6 +375,42 @@ function behaviour(open: () => Promise<BridgeStore>) {
       expect(await s.devices.history(dev(1), 'meta', 'state', 10)).toEqual([]);
       expect(await s.devices.heardBy(dev(1), ann.id, 0)).toBe(false);
       expect(await s.devices.claim(dev(1), bob.id, T + 1)).toBe('claimed');
+    });
+
+    it('shares (decision 23): by the owner only, idempotent, listed, after owned devices in deviceIdsOf, ended', async () => {
+      const [ann, bob, cy] = [await seedUser('ann'), await seedUser('bob'), await seedUser('cy')];
+      for (const i of [1, 2, 3]) await s.devices.touch(dev(i), T);
+      await s.devices.claim(dev(1), ann.id, T);
+      await s.devices.claim(dev(2), ann.id, T + 1);
+      await s.devices.claim(dev(3), bob.id, T + 2);
+      // Read (and, on SQLite, kept) before the shares: each share must drop what was kept.
+      expect(await s.devices.deviceIdsOf(bob.id)).toEqual([dev(3)]);
+
+      expect(await s.devices.share(dev(2), ann.id, bob.id, T + 10)).toBe('shared');
+      expect(await s.devices.share(dev(2), ann.id, bob.id, T + 11)).toBe('already');
+      expect(await s.devices.share(dev(1), ann.id, bob.id, T + 12)).toBe('shared');
+      expect(await s.devices.share(dev(2), bob.id, cy.id, T + 13)).toBe('not-owner');
+      expect(await s.devices.share(dev(9), ann.id, cy.id, T + 13)).toBe('not-owner');
+      expect(await s.devices.share(dev(2), ann.id, cy.id, T + 14)).toBe('shared');
+      // Owned first, in claim order; then shared, in share order.
+      expect(await s.devices.deviceIdsOf(bob.id)).toEqual([dev(3), dev(2), dev(1)]);
+      expect(await s.devices.deviceIdsOf(ann.id)).toEqual([dev(1), dev(2)]);
+      expect(await s.devices.isSharedWith(dev(2), bob.id)).toBe(true);
+      expect(await s.devices.isSharedWith(dev(3), ann.id)).toBe(false);
+      expect(await s.devices.sharesOf(dev(2))).toEqual([
+        { userId: bob.id, login: 'bob', grantedAt: T + 10 },
+        { userId: cy.id, login: 'cy', grantedAt: T + 14 },
+      ]);
+
+      expect(await s.devices.unshare(dev(1), bob.id)).toBe(true);
+      expect(await s.devices.unshare(dev(1), bob.id)).toBe(false);
+      expect(await s.devices.deviceIdsOf(bob.id)).toEqual([dev(3), dev(2)]);
+      expect(await s.write((tx) => tx.devices.unregister(dev(2), ann.id))).toBe(true);
+      expect(await s.devices.sharesOf(dev(2))).toEqual([]);
+      expect(await s.devices.deviceIdsOf(bob.id)).toEqual([dev(3)]);
+      expect(await s.devices.deviceIdsOf(cy.id)).toEqual([]);
+      expect(await s.devices.claim(dev(2), cy.id, T + 20)).toBe('claimed');
+      expect(await s.devices.isSharedWith(dev(2), bob.id)).toBe(false);
     });
   });
 

@@ -25,6 +25,7 @@ import { createDeviceService } from '../../bridge/devices/create.js';
 import type { DeviceService } from '../../bridge/devices/service.js';
 import { type BridgeConfig, BridgeConfigSchema, outboxDir } from '../../bridge/config.js';
 import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
+import type { EventBus } from '../../bridge/events/bus.js';
 import { type Mailer, createMailer } from '../../bridge/mail/mailer.js';
 import { openPostgresStore } from '../../bridge/store/postgres/store.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
@@ -325,6 +326,8 @@ export interface TestBridgeOptions {
   engine?: StoreEngine;
   /** SQLite only: opens the store in the data directory, instead of a plain `SqliteStore`. */
   openStore?: (dataDir: string) => SqliteStore | Promise<SqliteStore>;
+  /** The event bus the app and its services publish to (a test subscribes to it); else one nothing hears. */
+  events?: EventBus;
 }
 
 export interface TestBridge {
@@ -385,10 +388,20 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const defaultFrontend = await ensureDefaultFrontend(store, clock.now());
   const hasher = opts.hasher ?? hasherFor(config);
   const mailer = createMailer({ ...config.mail, outboxDir: outboxDir(config) }, log, clock.now);
-  const commands = new CommandService({ store, log, now: clock.now, maxOpen: config.commands.maxOpen });
-  const devices = createDeviceService(config, store, log, clock.now, commands);
+  const events = opts.events;
+  const commands = new CommandService({
+    store,
+    log,
+    now: clock.now,
+    maxOpen: config.commands.maxOpen,
+    ...(events ? { events } : {}),
+  });
+  const devices = createDeviceService(config, store, log, clock.now, commands, events);
   // Every answer of every test is held to the API document: an undocumented one answers 500 `undocumented-answer`.
-  const app = buildApp({ config, store, hasher, mailer, log, now: clock.now, devices, commands, checkAnswers: true });
+  const app = buildApp({
+    ...{ config, store, hasher, mailer, log, now: clock.now, devices, commands, checkAnswers: true },
+    ...(events ? { events } : {}),
+  });
   let url: string | undefined;
   let send: Send;
   if (transport === 'inject') {

@@ -9,9 +9,11 @@ import {
   type ClaimOutcome,
   type Device,
   type DeviceRow,
+  type DeviceShare,
   type HistoryEntry,
   type NewVersion,
   type SetBy,
+  type ShareOutcome,
   type VarKey,
   type VarRecord,
   type VarType,
@@ -45,10 +47,53 @@ export class PgDeviceRepo implements DeviceRepo {
   }
 
   async deviceIdsOf(userId: number): Promise<readonly string[]> {
-    const r = await this.c.query<{ id: string }>('SELECT id FROM devices WHERE owner_id = $1 ORDER BY claimed_at, id', [
+    const r = await this.c.query<{ id: string }>(
+      `SELECT id FROM (
+         SELECT id, 0 AS part, claimed_at AS at FROM devices WHERE owner_id = $1
+         UNION ALL
+         SELECT device_id, 1, granted_at FROM device_shares WHERE user_id = $1
+       ) u ORDER BY part, at, id`,
+      [userId],
+    );
+    return r.rows.map((x) => x.id);
+  }
+
+  /**
+   * The device row is locked (`FOR SHARE`) while its owner is checked and the share written, so that an unregister
+   * running at once either ends this share with the others or finds it not made: no share outlives its owner.
+   */
+  share(deviceId: string, ownerId: number, userId: number, now: number): Promise<ShareOutcome> {
+    return this.c.atomic(async (c) => {
+      const own = await c.query('SELECT 1 FROM devices WHERE id = $1 AND owner_id = $2 FOR SHARE', [deviceId, ownerId]);
+      if ((own.rowCount ?? 0) === 0) return 'not-owner' as const;
+      const r = await c.query(
+        'INSERT INTO device_shares (device_id, user_id, granted_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING',
+        [deviceId, userId, now],
+      );
+      return (r.rowCount ?? 0) > 0 ? ('shared' as const) : ('already' as const);
+    });
+  }
+
+  async unshare(deviceId: string, userId: number): Promise<boolean> {
+    const r = await this.c.query('DELETE FROM device_shares WHERE device_id = $1 AND user_id = $2', [deviceId, userId]);
+    return (r.rowCount ?? 0) > 0;
+  }
+
+  async isSharedWith(deviceId: string, userId: number): Promise<boolean> {
+    const r = await this.c.query('SELECT 1 FROM device_shares WHERE device_id = $1 AND user_id = $2', [
+      deviceId,
       userId,
     ]);
-    return r.rows.map((x) => x.id);
+    return (r.rowCount ?? 0) > 0;
+  }
+
+  async sharesOf(deviceId: string): Promise<DeviceShare[]> {
+    const r = await this.c.query<{ user_id: number; login: string; granted_at: number }>(
+      `SELECT s.user_id, u.login, s.granted_at FROM device_shares s JOIN users u ON u.id = s.user_id
+       WHERE s.device_id = $1 ORDER BY s.granted_at, s.user_id`,
+      [deviceId],
+    );
+    return r.rows.map((x) => ({ userId: x.user_id, login: x.login, grantedAt: x.granted_at }));
   }
 
   async secretHash(deviceId: string): Promise<string | undefined> {
@@ -89,15 +134,23 @@ export class PgDeviceRepo implements DeviceRepo {
     });
   }
 
-  /** The conditional update decides; only when it did not claim is the owner read, to say why. */
-  async claim(deviceId: string, userId: number, now: number): Promise<ClaimOutcome> {
-    const claimed = await this.c.query(
-      'UPDATE devices SET owner_id = $1, claimed_at = $2 WHERE id = $3 AND owner_id IS NULL',
-      [userId, now, deviceId],
-    );
-    if ((claimed.rowCount ?? 0) > 0) return 'claimed';
-    const r = await this.c.query<{ owner_id: number | null }>('SELECT owner_id FROM devices WHERE id = $1', [deviceId]);
-    return r.rows[0]?.owner_id === userId ? 'already-yours' : 'taken';
+  /**
+   * The conditional update decides; only when it did not claim is the owner read, to say why. A claim ends the shares
+   * an owner who is gone left (decision 23).
+   */
+  claim(deviceId: string, userId: number, now: number): Promise<ClaimOutcome> {
+    return this.c.atomic(async (c) => {
+      const claimed = await c.query(
+        'UPDATE devices SET owner_id = $1, claimed_at = $2 WHERE id = $3 AND owner_id IS NULL',
+        [userId, now, deviceId],
+      );
+      if ((claimed.rowCount ?? 0) > 0) {
+        await c.query('DELETE FROM device_shares WHERE device_id = $1', [deviceId]);
+        return 'claimed' as const;
+      }
+      const r = await c.query<{ owner_id: number | null }>('SELECT owner_id FROM devices WHERE id = $1', [deviceId]);
+      return r.rows[0]?.owner_id === userId ? ('already-yours' as const) : ('taken' as const);
+    });
   }
 
   unregister(deviceId: string, userId: number): Promise<boolean> {
@@ -107,6 +160,7 @@ export class PgDeviceRepo implements DeviceRepo {
         userId,
       ]);
       if ((r.rowCount ?? 0) === 0) return false;
+      await c.query('DELETE FROM device_shares WHERE device_id = $1', [deviceId]);
       await c.query("DELETE FROM vars WHERE device_id = $1 AND type = 's'", [deviceId]);
       await c.query('DELETE FROM history WHERE device_id = $1', [deviceId]);
       await c.query('DELETE FROM nearby WHERE device_id = $1', [deviceId]);

@@ -17,12 +17,14 @@ import { safeUrl } from '../../../lib/url.js';
 import type { DeviceCredentials } from '../../broker.js';
 import type { ProductConfig } from '../types.js';
 import {
+  type AccessToken,
   type BridgeStore,
   type CommandRepo,
   type DeviceRepo,
   type FirmwareRepo,
   type Frontend,
   type FwJobRepo,
+  type NewAccessToken,
   type NewUser,
   type Session,
   type StoreTx,
@@ -37,7 +39,16 @@ import { PgDeviceRepo } from './devices.js';
 import { PgFirmwareRepo, PgFwJobRepo } from './firmware.js';
 import { migratePostgres } from './migrate.js';
 import { openPostgres } from './pool.js';
-import { type FrontendRow, type SessionRow, type UserRow, toFrontend, toSession, toUser } from '../rows.js';
+import {
+  type AccessTokenRow,
+  type FrontendRow,
+  type SessionRow,
+  type UserRow,
+  toAccessToken,
+  toFrontend,
+  toSession,
+  toUser,
+} from '../rows.js';
 
 const USER_COLUMNS: ReadonlyArray<keyof UserRow> = [
   'id',
@@ -274,8 +285,9 @@ class PgTx implements StoreTx {
 
   async createSession(s: Session): Promise<void> {
     await this.conn.query(
-      'INSERT INTO sessions (id_hash, frontend_id, user_id, created_at, last_seen_at) VALUES ($1, $2, $3, $4, $5)',
-      [s.idHash, s.frontendId, s.userId, s.createdAt, s.lastSeenAt],
+      `INSERT INTO sessions (id_hash, frontend_id, user_id, created_at, last_seen_at, access_token_id)
+       VALUES ($1, $2, $3, $4, $5, $6)`,
+      [s.idHash, s.frontendId, s.userId, s.createdAt, s.lastSeenAt, s.accessTokenId ?? null],
     );
   }
 
@@ -347,6 +359,68 @@ class PgTx implements StoreTx {
 
   async deleteTokensOfUser(userId: number, kind: TokenKind): Promise<void> {
     await this.conn.query('DELETE FROM tokens WHERE user_id = $1 AND kind = $2', [userId, kind]);
+  }
+
+  // ---- access tokens ----
+
+  async createAccessToken(t: NewAccessToken): Promise<AccessToken> {
+    const r = await this.conn.query<AccessTokenRow>(
+      'INSERT INTO access_tokens (hash, user_id, prefix, created_at) VALUES ($1, $2, $3, $4) RETURNING *',
+      [t.hash, t.userId, t.prefix, t.createdAt],
+    );
+    return toAccessToken(r.rows[0]!);
+  }
+
+  async accessTokensOf(userId: number): Promise<AccessToken[]> {
+    const r = await this.conn.query<AccessTokenRow>('SELECT * FROM access_tokens WHERE user_id = $1 ORDER BY id', [
+      userId,
+    ]);
+    return r.rows.map(toAccessToken);
+  }
+
+  async accessTokenByHash(hash: string): Promise<AccessToken | undefined> {
+    const r = await this.conn.query<AccessTokenRow>('SELECT * FROM access_tokens WHERE hash = $1', [hash]);
+    return r.rows[0] && toAccessToken(r.rows[0]);
+  }
+
+  async touchAccessToken(id: number, now: number): Promise<boolean> {
+    const r = await this.conn.query('UPDATE access_tokens SET last_used_at = $1 WHERE id = $2', [now, id]);
+    return (r.rowCount ?? 0) > 0;
+  }
+
+  /**
+   * One transaction: the token's sessions are read, then the token is deleted, and they with it (ON DELETE
+   * CASCADE). The token row is locked first, so that a session being started from it meanwhile either is in the
+   * list or finds the token gone.
+   */
+  deleteAccessToken(
+    userId: number,
+    which: { hash: string } | { id: number },
+  ): Promise<{ token: AccessToken; sessions: string[] } | undefined> {
+    return this.conn.atomic(async (c) => {
+      const found =
+        'hash' in which
+          ? await c.query<AccessTokenRow>('SELECT * FROM access_tokens WHERE hash = $1 AND user_id = $2 FOR UPDATE', [
+              which.hash,
+              userId,
+            ])
+          : await c.query<AccessTokenRow>('SELECT * FROM access_tokens WHERE id = $1 AND user_id = $2 FOR UPDATE', [
+              which.id,
+              userId,
+            ]);
+      const row = found.rows[0];
+      if (!row) return undefined;
+      const sessions = await c.query<{ id_hash: string }>('SELECT id_hash FROM sessions WHERE access_token_id = $1', [
+        row.id,
+      ]);
+      await c.query('DELETE FROM access_tokens WHERE id = $1', [row.id]);
+      return { token: toAccessToken(row), sessions: sessions.rows.map((x) => x.id_hash) };
+    });
+  }
+
+  async deleteAccessTokensOfUser(userId: number): Promise<number> {
+    const r = await this.conn.query('DELETE FROM access_tokens WHERE user_id = $1', [userId]);
+    return r.rowCount ?? 0;
   }
 }
 
