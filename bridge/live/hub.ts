@@ -653,6 +653,10 @@ export class LiveHub {
   /** The channel's socket is over the high-water mark: nothing more until it drains. */
   private stall(ch: Channel, resume: () => void): void {
     if (ch.stalledSince === 0) ch.stalledSince = performance.now();
+    if (ch.pendingCount > this.cfg.maxPendingKeys) {
+      this.end(ch, 'slow');
+      return;
+    }
     if (ch.waitingDrain) return;
     ch.waitingDrain = true;
     ch.sink.onDrain(() => {
@@ -786,8 +790,10 @@ export class LiveHub {
   private tick(): void {
     const now = performance.now();
     for (const ch of [...this.channels]) {
-      if (ch.stalledSince !== 0 && now - ch.stalledSince > this.cfg.maxLagMs) this.end(ch, 'slow');
-      else if (!ch.sink.ping()) this.end(ch, 'ping');
+      // A stalled peer reads nothing, our pings included: `live.maxLagMs` is its limit, not a missed pong.
+      if (ch.stalledSince !== 0) {
+        if (now - ch.stalledSince > this.cfg.maxLagMs) this.end(ch, 'slow');
+      } else if (!ch.sink.ping()) this.end(ch, 'ping');
     }
     for (const user of [...this.users.values()]) {
       if (user.channels.size === 0 && user.lingerUntil !== 0 && user.lingerUntil <= now) this.dropUser(user);

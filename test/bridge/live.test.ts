@@ -5,9 +5,10 @@
  *
  * Sharing is not here: the second user simply does not see the device.
  */
+import { randomBytes, randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, agentCli, startAgent } from '../support/agent.js';
-import { type ConfigOverrides, type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
+import { type ConfigOverrides, type HttpClient, type LiveBridge, engines, startLiveBridge } from '../support/bridge.js';
 import { type LiveMessage, LiveSocket } from '../support/live.js';
 import { until } from '../support/wait.js';
 
@@ -36,7 +37,7 @@ function values(socket: LiveSocket, deviceId: string, name: string): string[] {
   return out;
 }
 
-describe('the WebSocket live channel', () => {
+describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
   let bridge: LiveBridge | undefined;
   const agents: TestAgent[] = [];
   const sockets: LiveSocket[] = [];
@@ -48,7 +49,7 @@ describe('the WebSocket live channel', () => {
   });
 
   async function start(config?: ConfigOverrides) {
-    bridge = await startLiveBridge(config ? { config } : {});
+    bridge = await startLiveBridge({ engine, ...(config ? { config } : {}) });
     return bridge;
   }
 
@@ -234,5 +235,139 @@ describe('the WebSocket live channel', () => {
     expect((await silent.closed).code).toBe(1006);
     expect(polite.ws.readyState).toBe(polite.ws.OPEN);
     expect(b.sink.events('live.closed').map((e) => e.reason)).toEqual(['ping']);
+  });
+
+  /** A device owned by the user, as the bridge keeps it after a hello (no agent: its changes come from REST). */
+  async function ownedDevice(b: LiveBridge, login: string): Promise<string> {
+    const id = randomUUID();
+    const now = Date.now();
+    const user = (await b.bridge.store.userByLogin(b.bridge.defaultFrontend.id, login))!;
+    await b.bridge.store.write(async ({ devices }) => {
+      await devices.touch(id, now);
+      await devices.setAuthcode(id, randomBytes(16).toString('hex'));
+      await devices.setMeta(id, 'unique', id, now, 'device');
+      await devices.setMeta(id, 'state', 'connected', now, 'server');
+      await devices.claim(id, user.id, now);
+    });
+    return id;
+  }
+
+  // What follows depends on no engine: on SQLite only, to keep the file quick.
+  const onSqlite = engine === 'sqlite' ? it : it.skip;
+
+  onSqlite('coalesces changes within a throttletime', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'throttle@example.com');
+    const id = await ownedDevice(b, 'throttle@example.com');
+    const s = await open(cookie, { throttletime: 300 });
+    await s.next((m) => m.devices, 'snapshot');
+    for (let i = 1; i <= 10; i++) await u.post(`/0/devices/${id}/s/n`, { form: { value: String(i) } });
+    await s.next((m) => (m.delta?.[id]?.s?.n?.value === '10' ? true : undefined), 'the last value');
+    const seen = s.records(id, 's', 'n').map((r) => Number(r.value));
+    expect(seen.length).toBeLessThan(10);
+    expect(seen).toEqual([...seen].sort((x, y) => x - y));
+  });
+
+  onSqlite(
+    'stops sending to a client that does not read, keeps only what changed, and closes it (4008) when it falls too far behind',
+    async () => {
+      const b = await start({ live: { highWaterBytes: 1024, maxPendingKeys: 20 } });
+      const u = b.client();
+      const cookie = await signup(u, 'slow@example.com');
+      const id = await ownedDevice(b, 'slow@example.com');
+      const s = await open(cookie);
+      await s.next((m) => m.devices, 'snapshot');
+      s.ws.pause();
+      // A burst of large values (as a device's up/vars would bring them): one frame of some 16 MB, more than the
+      // socket buffers of both ends take.
+      const names = Array.from({ length: 256 }, (_, i) => `big${i}`);
+      const value = Buffer.alloc(64 * 1024, 'x');
+      const now = Date.now();
+      await b.bridge.store.write(async ({ devices }) => {
+        for (const name of names) {
+          await devices.putVersion(id, { type: 's', name, value, time: now, origin: 'cloud' }, now, 'user', false);
+        }
+      });
+      b.bridge.events.publish({
+        type: 'device.vars',
+        deviceId: id,
+        vars: names.map((name) => ({ type: 's', name, change: 'version' })),
+      });
+      // Then changes of other variables, through REST: they wait, coalesced, until there are too many.
+      for (let i = 0; i < 25 && b.sink.events('live.closed').length === 0; i++) {
+        await u.post(`/0/devices/${id}/s/small${i % 22}`, { form: { value: String(i) } });
+      }
+      await until(() => b.sink.events('live.closed').length === 1, 'the close');
+      expect(b.sink.events('live.closed')[0]).toMatchObject({ reason: 'slow', code: 4008 });
+      s.ws.resume();
+      expect(await s.closed).toEqual({ code: 4008, reason: 'too far behind' });
+      // The big frame, and none of the small changes: they were coalesced, never queued as frames.
+      const deltas = s.messages.filter((m) => m.delta);
+      expect(deltas.length).toBe(1);
+      expect(Object.keys(deltas[0]!.delta![id]!.s!)).toHaveLength(256);
+    },
+  );
+
+  onSqlite('closes a client that stays stalled for live.maxLagMs', async () => {
+    // The check runs with the pings, every 300 ms; stalled for over 100 ms is too long.
+    const b = await start({ live: { highWaterBytes: 1024, maxLagMs: 100, pingMs: 300 } });
+    const u = b.client();
+    const cookie = await signup(u, 'lag@example.com');
+    const id = await ownedDevice(b, 'lag@example.com');
+    const s = await open(cookie);
+    await s.next((m) => m.devices, 'snapshot');
+    s.ws.pause();
+    const names = Array.from({ length: 256 }, (_, i) => `big${i}`);
+    const value = Buffer.alloc(64 * 1024, 'y');
+    const now = Date.now();
+    await b.bridge.store.write(async ({ devices }) => {
+      for (const name of names) {
+        await devices.putVersion(id, { type: 's', name, value, time: now, origin: 'cloud' }, now, 'user', false);
+      }
+    });
+    b.bridge.events.publish({
+      type: 'device.vars',
+      deviceId: id,
+      vars: names.map((name) => ({ type: 's', name, change: 'version' })),
+    });
+    // One more change finds the socket full: the channel stalls, and the clock runs.
+    await until(async () => {
+      await u.post(`/0/devices/${id}/s/after`, { form: { value: '1' } });
+      return b.sink.events('live.closed').length === 1;
+    }, 'the close');
+    expect(b.sink.events('live.closed')[0]).toMatchObject({ reason: 'slow', code: 4008 });
+    s.ws.resume();
+    expect((await s.closed).code).toBe(4008);
+  });
+
+  onSqlite('keeps 1,000 open channels on one bridge, and every one gets the change of its device', async () => {
+    const b = await start({ live: { maxPerUser: 1000, maxPerAddress: 2000 } });
+    const owners = await Promise.all(
+      Array.from({ length: 10 }, async (_, i) => {
+        const http = b.client();
+        const login = `many${i}@example.com`;
+        const cookie = await signup(http, login);
+        return { http, cookie, id: await ownedDevice(b, login) };
+      }),
+    );
+    const channels: Array<{ socket: LiveSocket; id: string }> = [];
+    for (let batch = 0; batch < 4; batch++) {
+      const opened = await Promise.all(
+        owners.flatMap((o) => Array.from({ length: 25 }, async () => ({ socket: await open(o.cookie), id: o.id }))),
+      );
+      channels.push(...opened);
+    }
+    expect(channels).toHaveLength(1000);
+    await until(() => channels.every((c) => c.socket.messages.length >= 1), 'every snapshot');
+    await Promise.all(owners.map((o) => o.http.post(`/0/devices/${o.id}/s/wave`, { form: { value: 'hi' } })));
+    await until(
+      () => channels.every((c) => c.socket.messages.some((m) => m.delta?.[c.id]?.s?.wave?.value === 'hi')),
+      'the change on every channel',
+    );
+    // Each saw its own device only.
+    for (const c of channels) {
+      for (const m of c.socket.messages) expect(Object.keys(m.delta ?? m.devices ?? {})).toEqual([c.id]);
+    }
   });
 });
