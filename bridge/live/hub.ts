@@ -66,6 +66,8 @@ interface UserEntry {
   /** While the first list is being read: what events did meanwhile (true: added, false: removed). */
   loadEdits: Map<string, boolean> | null;
   loaded: Promise<void>;
+  /** The first list could not be read: the next snapshot reads it again. */
+  loadFailed: boolean;
   channels: Set<Channel>;
   /** The SSE log, from the user's first SSE stream. */
   sse: SseLog | null;
@@ -99,6 +101,8 @@ export class Channel {
   waitingDrain = false;
   /** SSE: the number of the last frame written. */
   lastN = 0;
+  /** Counts the snapshots begun: only the latest one is sent. */
+  snapshots = 0;
   closed = false;
   readonly openedAt = performance.now();
 
@@ -202,9 +206,11 @@ export class LiveHub {
     this.figures.open[kind]++;
     this.startTicker();
     if (kind === 'sse') {
+      // A log made now knows nothing of what came before: no resume into it.
+      const known = user.sse !== null;
       user.sse ??= { pending: null, frames: [], floor: this.n };
       const after = resumeAfter === undefined ? undefined : this.parseId(resumeAfter);
-      if (after !== undefined && after >= user.sse.floor && after <= this.n) {
+      if (known && after !== undefined && after >= user.sse.floor && after <= this.n) {
         ch.lastN = after;
         ch.ready = true;
         this.d.log.debug({ event: 'live.opened', kind, userId, resumed: true });
@@ -287,29 +293,38 @@ export class LiveHub {
       id: userId,
       devices: new Set(),
       adding: new Set(),
-      loadEdits: new Map(),
+      loadEdits: null,
       loaded: Promise.resolve(),
+      loadFailed: false,
       channels: new Set(),
       sse: null,
       lingerUntil: 0,
     };
     user = entry;
     this.users.set(userId, entry);
-    entry.loaded = this.d.store.devices.deviceIdsOf(userId).then(
+    this.load(entry);
+    return user;
+  }
+
+  /** Reads the user's devices; events that come meanwhile are applied over what it reads. */
+  private load(entry: UserEntry): void {
+    entry.loadFailed = false;
+    entry.loadEdits = new Map();
+    entry.loaded = this.d.store.devices.deviceIdsOf(entry.id).then(
       (ids) => {
         const edits = entry.loadEdits ?? new Map<string, boolean>();
         entry.loadEdits = null;
-        if (this.users.get(userId) !== entry) return;
+        if (this.users.get(entry.id) !== entry) return;
         for (const id of ids) if (edits.get(id) !== false) this.index(entry, id);
       },
       (err: unknown) => {
         entry.loadEdits = null;
+        entry.loadFailed = true;
         throw err;
       },
     );
     // A failure is the snapshot's to report.
     entry.loaded.catch(() => undefined);
-    return user;
   }
 
   private dropUser(user: UserEntry): void {
@@ -460,7 +475,7 @@ export class LiveHub {
       user.sse.pending = null;
       user.sse.floor = this.n;
     }
-    for (const ch of user.channels) if (ch.ready) void this.snapshot(ch);
+    for (const ch of user.channels) void this.snapshot(ch);
   }
 
   // ---- marking and sending ----
@@ -672,7 +687,12 @@ export class LiveHub {
 
   /** A frame for every channel of the user (claims and removals): WebSocket at once, SSE through the log. */
   private broadcast(user: UserEntry, kind: FrameKind, json: string): void {
-    for (const ch of user.channels) if (ch.kind === 'ws' && ch.ready) this.write(ch, kind, json);
+    for (const ch of user.channels) {
+      if (ch.kind !== 'ws') continue;
+      if (ch.ready) this.write(ch, kind, json);
+      // Its snapshot is being read, perhaps from before this: a new one is read, which has it.
+      else if (!ch.closed) void this.snapshot(ch);
+    }
     if (user.sse) {
       this.append(user.sse, kind, json);
       for (const ch of user.channels) if (ch.kind === 'sse') this.pumpSse(ch);
@@ -684,10 +704,12 @@ export class LiveHub {
   private async snapshot(ch: Channel): Promise<void> {
     const user = ch.user;
     ch.ready = false;
+    const generation = ++ch.snapshots;
     // SSE: the frames numbered after this one were built after the reads below began, so they follow it.
     const n = ch.kind === 'sse' ? ++this.n : 0;
     let frame: string;
     try {
+      if (user.loadFailed) this.load(user);
       await user.loaded;
       const ids = [...user.devices].filter((id) => !user.adding.has(id));
       const objects = await Promise.all(ids.map(async (id) => [id, await liveDeviceJson(this.d.store, id)] as const));
@@ -697,7 +719,8 @@ export class LiveHub {
       this.end(ch, 'error');
       return;
     }
-    if (ch.closed) return;
+    // A later snapshot (after a resync, a claim meanwhile) has begun: it is the one sent.
+    if (ch.closed || generation !== ch.snapshots) return;
     if (ch.kind === 'sse') {
       this.write(ch, 'devices', frame, this.idOf(n));
       ch.lastN = Math.max(ch.lastN, n);

@@ -124,6 +124,22 @@ describe('GET /0/events', () => {
     }
   });
 
+  it('starts with a snapshot when the frames after Last-Event-ID were not kept (live.sseResumeMs past)', async () => {
+    const b = await start({ live: { sseResumeMs: 0 } });
+    const u = b.client();
+    const cookie = await signup(u, 'noresume@example.com');
+    const { id } = await seedDevice(b, 'noresume@example.com');
+    const s = await open({ cookie });
+    const first = await s.next((e) => (e.event === 'devices' ? e : undefined), 'the snapshot');
+    s.close();
+    await until(() => b.sink.events('live.closed').length === 1, 'the close');
+    await u.post(`/0/devices/${id}/s/gone`, { form: { value: 'while away' } });
+    const again = await open({ cookie, 'last-event-id': first.id! });
+    const next = await again.next((e) => e, 'the first event');
+    expect(next.event).toBe('devices');
+    expect(JSON.parse(next.data).devices[id].s.gone.value).toBe('while away');
+  });
+
   it('ends the stream of a session that logs out, saying why', async () => {
     const b = await start();
     const u = b.client();

@@ -9,7 +9,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, agentCli, startAgent } from '../support/agent.js';
 import { type ConfigOverrides, type HttpClient, type LiveBridge, engines, startLiveBridge } from '../support/bridge.js';
-import { type LiveMessage, LiveSocket } from '../support/live.js';
+import { type LiveMessage, LiveSocket, SseStream } from '../support/live.js';
 import { until } from '../support/wait.js';
 
 async function signup(http: HttpClient, login: string): Promise<string> {
@@ -251,6 +251,49 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
     });
     return id;
   }
+
+  (engine === 'postgres' ? it : it.skip)(
+    'sends every channel a fresh snapshot after the bus may have missed events (its listener lost)',
+    async () => {
+      const b = await start();
+      const u = b.client();
+      const cookie = await signup(u, 'resync@example.com');
+      const id = await ownedDevice(b, 'resync@example.com');
+      const ws = await open(cookie);
+      const sse = await SseStream.open(b.url, { cookie });
+      try {
+        await ws.next((m) => m.devices, 'snapshot');
+        await sse.next((e) => e.event === 'devices' || undefined, 'SSE snapshot');
+        const backend = await b.database!.pool.query<{ pid: number }>(
+          "SELECT pid FROM pg_stat_activity WHERE application_name = 'devcloud-bridge-events' AND datname = current_database()",
+        );
+        expect(backend.rows).toHaveLength(1);
+        await b.database!.pool.query('SELECT pg_terminate_backend($1)', [backend.rows[0]!.pid]);
+        // Written while the listener is away: not announced to this bridge's channels, so only a snapshot has it.
+        const now = Date.now();
+        await b.bridge.store.write(({ devices }) =>
+          devices.putVersion(
+            id,
+            { type: 's', name: 'missed', value: Buffer.from('1'), time: now, origin: 'cloud' },
+            now,
+            'user',
+          ),
+        );
+        const again = await ws.next(
+          (m) => (m.devices?.[id]?.s.missed ? m.devices : undefined),
+          'the fresh snapshot',
+          1,
+        );
+        expect(again[id]!.s.missed!.value).toBe('1');
+        await sse.next(
+          (e) => (e.event === 'devices' && e.data.includes('"missed"') ? true : undefined),
+          'the fresh SSE snapshot',
+        );
+      } finally {
+        sse.close();
+      }
+    },
+  );
 
   // What follows depends on no engine: on SQLite only, to keep the file quick.
   const onSqlite = engine === 'sqlite' ? it : it.skip;
