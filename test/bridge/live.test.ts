@@ -298,6 +298,21 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
   // What follows depends on no engine: on SQLite only, to keep the file quick.
   const onSqlite = engine === 'sqlite' ? it : it.skip;
 
+  onSqlite('closes every channel with 1001 when the bridge stops', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'stop@example.com');
+    const ws = await open(cookie);
+    const sse = await SseStream.open(b.url, { cookie });
+    await ws.next((m) => m.devices, 'snapshot');
+    await sse.next((e) => e.event === 'devices' || undefined, 'SSE snapshot');
+    bridge = undefined;
+    await b.close();
+    expect(await ws.closed).toEqual({ code: 1001, reason: 'bridge shutting down' });
+    await sse.ended;
+    expect(sse.events.at(-1)).toEqual({ event: 'close', data: '{"code":1001,"reason":"bridge shutting down"}' });
+  });
+
   onSqlite('coalesces changes within a throttletime', async () => {
     const b = await start();
     const u = b.client();
