@@ -204,6 +204,11 @@ export class LiveHub {
     user.lingerUntil = 0;
     this.channels.add(ch);
     this.figures.open[kind]++;
+    // Its handshake began before the bridge began to stop.
+    if (this.stopped) {
+      this.end(ch, 'shutdown');
+      return ch;
+    }
     this.startTicker();
     if (kind === 'sse') {
       // A log made now knows nothing of what came before: no resume into it.
@@ -228,9 +233,9 @@ export class LiveHub {
     ch.throttleMs = Math.max(0, Math.min(this.cfg.maxThrottleMs, Number.isFinite(ms) ? Math.floor(ms) : 0));
   }
 
-  /** The channel's socket closed (the client left, or after the hub ended it). */
-  closed(ch: Channel): void {
-    this.finish(ch, 'client', 1000);
+  /** The channel's socket closed (the client left, or after the hub ended it), with the client's close code. */
+  closed(ch: Channel, code = 1000): void {
+    this.finish(ch, 'client', code);
   }
 
   /** Ends a channel for `reason`, telling the client why. */

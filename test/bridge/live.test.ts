@@ -313,6 +313,35 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
     expect(sse.events.at(-1)).toEqual({ event: 'close', data: '{"code":1001,"reason":"bridge shutting down"}' });
   });
 
+  onSqlite('sends a change that reaches the channel twice once', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'twice@example.com');
+    const id = await ownedDevice(b, 'twice@example.com');
+    const s = await open(cookie);
+    await s.next((m) => m.devices, 'snapshot');
+    const now = Date.now();
+    await b.bridge.store.write(({ devices }) =>
+      devices.putVersion(
+        id,
+        { type: 's', name: 'once', value: Buffer.from('1'), time: now, origin: 'cloud' },
+        now,
+        'user',
+      ),
+    );
+    // The same event twice in one turn (as a bridge that heard it from the bus and handled it too would).
+    const event = {
+      type: 'device.vars',
+      deviceId: id,
+      vars: [{ type: 's', name: 'once', change: 'version' }],
+    } as const;
+    b.bridge.events.publish(event);
+    b.bridge.events.publish(event);
+    await u.post(`/0/devices/${id}/s/after`, { form: { value: 'x' } });
+    await s.next((m) => m.delta?.[id]?.s?.after, 'the later change');
+    expect(s.records(id, 's', 'once')).toHaveLength(1);
+  });
+
   onSqlite('coalesces changes within a throttletime', async () => {
     const b = await start();
     const u = b.client();
