@@ -62,6 +62,15 @@ describe('GET /0/events', () => {
     expect([anonymous.status, anonymous.body]).toEqual([401, 'no-session']);
   });
 
+  it('answers HEAD with the head of a stream, and opens none', async () => {
+    const b = await start();
+    const u = b.client();
+    await signup(u, 'head@example.com');
+    const r = await u.request('HEAD', '/0/events');
+    expect([r.status, r.contentType, r.body]).toEqual([200, 'text/event-stream; charset=utf-8', '']);
+    expect(b.sink.events('live.opened')).toEqual([]);
+  });
+
   it('streams the devices, then each change and claim as events with increasing ids, and pings', async () => {
     const b = await start({ live: { pingMs: 100 } });
     const u = b.client();
