@@ -180,6 +180,10 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
     expect(await first.closed).toEqual({ code: 4001, reason: 'session ended' });
     expect(second.ws.readyState).toBe(second.ws.OPEN);
     expect(b.sink.events('live.closed').map((e) => e.reason)).toEqual(['session']);
+    const metrics = (await one.get('/metrics')).body;
+    expect(metrics).toContain('devcloud_live_channels_open{kind="ws"} 1');
+    expect(metrics).toContain('devcloud_live_channels_closed_total{reason="session"} 1');
+    expect(metrics).toContain('devcloud_live_frames_sent_total{kind="ws",type="devices"} 2');
   });
 
   it('refuses before the upgrade: no session 401, anonymous 401, no thsq-user 400, unknown frontend 404, other path 404', async () => {
