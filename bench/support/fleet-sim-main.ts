@@ -382,9 +382,13 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
         d.lastTime = time;
         d.pending!.set(time, due);
         d.varsTopic ??= Buffer.from(topicFor(d.spec.id, 'up/vars'));
-        write(d, publishPacket(d.varsTopic, pushPayload(time, String(next)), 1, nextPacketId(d)));
+        const measured = due >= from && due < to;
+        const value = req.stamp
+          ? `${measured ? 'm' : 'w'}${init.index}.${next}@${(performance.timeOrigin + due).toFixed(3)}`
+          : String(next);
+        write(d, publishPacket(d.varsTopic, pushPayload(time, value), 1, nextPacketId(d)));
         sentTotal++;
-        if (due >= from && due < to) sent++;
+        if (measured) sent++;
       }
       if (next < total) setTimeout(tick, Math.max(0, start + next * interval - performance.now()));
       else drain();
