@@ -34,6 +34,7 @@ import {
   type LiveEchoConfig,
   type LiveReport,
   VALUE_MARK,
+  markFrame,
 } from './support/live-clients.js';
 import { ROOT, canConnect, readCpuMs, readRss, stopChild } from './support/processes.js';
 import { type Row, formatTable, median, percentile, round } from './support/report.js';
@@ -519,14 +520,7 @@ function templates(bridge: Figures | undefined): { snapshot: string; delta: stri
   const snap = bridge?.samples.snapshot;
   const delta = bridge?.samples.delta;
   if (snap && delta) {
-    return {
-      snapshot: snap.text.split(snap.deviceId).join(ID_MARK),
-      delta: delta.text
-        .split(delta.deviceId)
-        .join(ID_MARK)
-        .split(JSON.stringify(delta.value).slice(1, -1))
-        .join(VALUE_MARK),
-    };
+    return { snapshot: markFrame(snap.text, snap.deviceId), delta: markFrame(delta.text, delta.deviceId, delta.value) };
   }
   const t = Date.now();
   const meta = (name: string, value: string) => `"${name}":{"value":${JSON.stringify(value)},"time":${t}}`;

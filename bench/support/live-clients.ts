@@ -79,6 +79,27 @@ export interface LiveReport extends LiveStats {
 export const ID_MARK = '\u0000id\u0000';
 export const VALUE_MARK = '\u0000value\u0000';
 
+/**
+ * A frame the bridge sent with its device (everywhere it occurs: the key and `meta` `unique`) and, when given, the
+ * value marked where it stands as a record's `"value"`.
+ */
+export function markFrame(text: string, deviceId: string, value?: string): string {
+  const marked = text.split(deviceId).join(ID_MARK);
+  if (value === undefined) return marked;
+  const member = (v: string) => `"value":"${v}"`;
+  return marked.split(member(jsonInner(value))).join(member(VALUE_MARK));
+}
+
+/** A marked frame with another device and value put in: what the baseline sends. */
+export function fillFrame(template: string, deviceId: string, value = ''): string {
+  return template.split(VALUE_MARK).join(jsonInner(value)).split(ID_MARK).join(deviceId);
+}
+
+/** A string as it stands inside JSON quotes. */
+function jsonInner(s: string): string {
+  return JSON.stringify(s).slice(1, -1);
+}
+
 /** What the baseline server (live-echo-main.ts) is started with, as a JSON file. */
 export interface LiveEchoConfig {
   clients: LiveClientSpec[];

@@ -13,27 +13,20 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { startEchoBroker } from './fleet-echo.js';
-import { ID_MARK, type LiveEchoConfig, VALUE_MARK } from './live-clients.js';
+import { type LiveEchoConfig, fillFrame } from './live-clients.js';
 import { wsText } from './ws-text.js';
 
 const [mqttPort, httpPort, configFile] = process.argv.slice(2);
 const config = JSON.parse(readFileSync(configFile!, 'utf8')) as LiveEchoConfig;
 const deviceOf = new Map(config.clients.map((c) => [c.cookie, c.deviceId]));
 const watchers = new Map<string, Set<WebSocket>>();
-const snapshot = config.snapshot.split(ID_MARK);
-const delta = config.delta.split(ID_MARK).map((part) => part.split(VALUE_MARK));
-
-function deltaFrame(deviceId: string, value: string): string {
-  const escaped = JSON.stringify(value).slice(1, -1);
-  return delta.map((pieces) => pieces.join(escaped)).join(deviceId);
-}
 
 await startEchoBroker(Number(mqttPort), 'live-echo', (deviceId, items) => {
   const set = watchers.get(deviceId);
   if (!set) return;
   for (const item of items) {
     if (item.type !== 'd' || typeof item.value !== 'string') continue;
-    const frame = deltaFrame(deviceId, item.value);
+    const frame = fillFrame(config.delta, deviceId, item.value);
     for (const ws of set) ws.send(frame);
   }
 });
@@ -66,7 +59,7 @@ wss.on('connection', (ws, req) => {
     if (!set) watchers.set(deviceId, (set = new Set()));
     if (set.has(ws)) return;
     set.add(ws);
-    ws.send(snapshot.join(deviceId));
+    ws.send(fillFrame(config.snapshot, deviceId));
   });
   ws.on('close', () => watchers.get(deviceId)?.delete(ws));
   ws.on('error', () => undefined);
