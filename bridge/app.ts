@@ -18,6 +18,7 @@ import { type EventBus, LocalBus } from './events/bus.js';
 import type { DeviceService } from './devices/service.js';
 import { firmwareRoutes } from './firmware/routes.js';
 import { LinkMonitor, healthRoutes } from './health.js';
+import { registerLive } from './live/index.js';
 import type { RouteContext } from './http/context.js';
 import { createServer } from './http/server.js';
 import type { Mailer } from './mail/mailer.js';
@@ -85,8 +86,10 @@ export function buildApp(deps: AppDeps): FastifyInstance {
   };
 
   const link = deps.link ?? new LinkMonitor(now);
+  // The live channel follows the bus: WebSocket upgrades on the app's server, and `GET /0/events`.
+  const live = registerLive(app, { config, store: deps.store, events, log, now });
   // Before the routes: its hook counts every request.
-  const metrics = metricsRoutes(app, { config, store: deps.store, devices, link });
+  const metrics = metricsRoutes(app, { config, store: deps.store, devices, link, live: live.hub.figures });
   server.register([
     ...sessionRoutes(ctx),
     ...accountRoutes(ctx),
@@ -94,6 +97,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     ...deviceRoutes(ctx),
     ...commandRoutes(ctx),
     ...firmwareRoutes(ctx),
+    ...live.routes,
   ]);
   // The API document describes routes, not a session: it is the same for every caller. It is made once every
   // route, its own included, is registered.

@@ -341,6 +341,37 @@ export const BridgeConfigSchema = z
       })
       .strict()
       .prefault({}),
+    /** The live channel (docs/api.md, "Live channel"): WebSocket `/0/session/` and Server-Sent Events `/0/events`. */
+    live: z
+      .object({
+        /** Open live channels (WebSocket and SSE together) one user may hold on this bridge; more answer 429. */
+        maxPerUser: z.number().int().min(1).max(1_000_000).default(100),
+        /** Open live channels from one client address on this bridge; more answer 429. */
+        maxPerAddress: z.number().int().min(1).max(1_000_000).default(1000),
+        /** Keepalive period, ms: a WebSocket ping (a peer that has not answered the previous one is cut), an SSE `: ping` line. */
+        pingMs: z.number().int().min(100).max(600_000).default(30_000),
+        /** The longest `throttletime` a client may ask for, ms; longer ones are clamped to it (0..this). */
+        maxThrottleMs: z.number().int().min(0).max(600_000).default(10_000),
+        /** Bytes a channel may have waiting in its socket before the bridge stops sending to it and only coalesces. */
+        highWaterBytes: z
+          .number()
+          .int()
+          .min(1024)
+          .max(64 * 1024 * 1024)
+          .default(1024 * 1024),
+        /** Changed variables (device, type, name) a stalled channel may have waiting; one more closes it (code 4008). */
+        maxPendingKeys: z.number().int().min(1).max(10_000_000).default(10_000),
+        /** How long a channel may stay stalled above `highWaterBytes`, ms, before it is closed (code 4008). */
+        maxLagMs: z.number().int().min(100).max(3_600_000).default(60_000),
+        /** Largest message a WebSocket client may send, bytes; a larger one closes the channel (code 1009). */
+        maxMessageBytes: z.number().int().min(64).max(65_536).default(4096),
+        /** SSE frames kept per user: how far back a `Last-Event-ID` resume reaches, and how far a stalled stream may fall behind. */
+        sseReplayFrames: z.number().int().min(1).max(100_000).default(256),
+        /** How long a user's SSE frames are still recorded after their last stream closed, ms, so that a reconnect resumes. */
+        sseResumeMs: z.number().int().min(0).max(3_600_000).default(60_000),
+      })
+      .strict()
+      .prefault({}),
     metrics: z
       .object({
         /** Serve `GET /metrics` (Prometheus text format). */

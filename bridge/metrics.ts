@@ -18,6 +18,7 @@ import { UP_TOPICS } from '../protocol/index.js';
 import type { BridgeConfig } from './config.js';
 import type { DeviceService } from './devices/service.js';
 import type { LinkMonitor } from './health.js';
+import type { LiveFigures } from './live/hub.js';
 import type { Route } from './http/route.js';
 import type { BridgeStore } from './store/types.js';
 
@@ -54,6 +55,8 @@ export interface MetricsDeps {
   store: BridgeStore;
   devices: DeviceService;
   link: LinkMonitor;
+  /** The live channel's figures (bridge/live/hub.ts). */
+  live?: LiveFigures;
 }
 
 const sha256 = (s: string): Buffer => createHash('sha256').update(s, 'utf8').digest();
@@ -199,6 +202,41 @@ export function createRegistry(deps: MetricsDeps): {
       await safely(async () => this.set(await store.fwJobs.openCount()));
     },
   });
+  const live = deps.live;
+  if (live) {
+    new Gauge({
+      name: 'devcloud_live_channels_open',
+      help: 'Live channels open on this bridge, by kind: ws (WebSocket /0/session/) or sse (GET /0/events).',
+      labelNames: ['kind'] as const,
+      registers,
+      collect() {
+        for (const kind of ['ws', 'sse'] as const) this.set({ kind }, live.open[kind]);
+      },
+    });
+    new Counter({
+      name: 'devcloud_live_frames_sent_total',
+      help: 'Frames the live channels sent, by kind of channel and frame type (devices, delta, events).',
+      labelNames: ['kind', 'type'] as const,
+      registers,
+      collect() {
+        this.reset();
+        for (const kind of ['ws', 'sse'] as const)
+          for (const type of ['devices', 'delta', 'events'] as const) this.inc({ kind, type }, live.frames[kind][type]);
+      },
+    });
+    new Counter({
+      name: 'devcloud_live_channels_closed_total',
+      help:
+        'Live channels that ended, by reason: client (it left), session (its session ended), slow (too far ' +
+        'behind), ping (no pong), shutdown, error.',
+      labelNames: ['reason'] as const,
+      registers,
+      collect() {
+        this.reset();
+        for (const [reason, n] of Object.entries(live.closed)) this.inc({ reason }, n);
+      },
+    });
+  }
   return { registry, observe: (method, route, status, seconds) => http.record(method, route, status, seconds) };
 }
 

@@ -133,6 +133,7 @@ function response(o: Outcome): Json {
   if (o.text) content['text/plain'] = { schema: jsonSchema(o.text, 'output') };
   if (o.json) content['application/json'] = { schema: { $ref: `#/components/schemas/${o.json.name}` } };
   if (o.html) content['text/html'] = { schema: { type: 'string' } };
+  if (o.eventStream) content['text/event-stream'] = { schema: { type: 'string' } };
   if (o.binary)
     content['application/octet-stream'] = { schema: { type: 'string', contentMediaType: 'application/octet-stream' } };
   const headers: Json = {};

@@ -63,7 +63,9 @@ export function judgeAnswer(route: Route, reply: FastifyReply, payload: unknown)
   const retryAfter = reply.getHeader('retry-after');
   if (retryAfter !== undefined && !/^[1-9]\d*$/.test(String(retryAfter))) return `Retry-After ${String(retryAfter)}`;
   const text = bodyText(payload);
-  const hasContent = Boolean(outcome.tokens || outcome.text || outcome.json || outcome.html || outcome.binary);
+  const hasContent = Boolean(
+    outcome.tokens || outcome.text || outcome.json || outcome.html || outcome.binary || outcome.eventStream,
+  );
   if (!hasContent) return text === '' ? undefined : `${status} documents no body`;
   const type = String(reply.getHeader('content-type') ?? '')
     .split(';')[0]!
@@ -88,6 +90,8 @@ export function judgeAnswer(route: Route, reply: FastifyReply, payload: unknown)
     }
     case 'text/html':
       return outcome.html ? undefined : `no HTML documented for ${status}`;
+    case 'text/event-stream':
+      return outcome.eventStream ? undefined : `no event stream documented for ${status}`;
     case 'application/octet-stream':
       return outcome.binary ? undefined : `no bytes documented for ${status}`;
     default:

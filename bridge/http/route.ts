@@ -33,6 +33,8 @@ export interface Outcome {
   retryAfter?: boolean;
   /** A `Content-Range` header (a range of the firmware image, or why none could be served). */
   contentRange?: boolean;
+  /** A stream of Server-Sent Events (`text/event-stream`), written by the handler past the reply (bridge/live/sse.ts). */
+  eventStream?: boolean;
 }
 
 export type Method = 'GET' | 'POST' | 'DELETE';

@@ -24,6 +24,7 @@ import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { StorageFullError } from '../../lib/sqlite.js';
 import { type TestBridge, startTestBridge } from '../support/bridge.js';
 import { type FirmwareWorld, startFirmwareWorld } from '../support/fw-bridge.js';
+import { SseStream } from '../support/live.js';
 
 type Json = Record<string, unknown>;
 type Operation = { operationId: string; parameters: Json[]; responses: Record<string, Response> };
@@ -780,6 +781,36 @@ describe('every status and token the document lists is brought about', () => {
       });
     } finally {
       await fw.close();
+    }
+  });
+
+  it('on the event stream of the live channel', async () => {
+    // A stream never ends, so it is read over a real socket: its head is the answer.
+    const live = await startTestBridge({ transport: 'http', config: { live: { maxPerUser: 1 } } });
+    try {
+      const user = live.client();
+      const signup = await user.post('/0/session/signup', {
+        form: { login: 'sse@example.com', password: 'pw-odd-1234' },
+      });
+      expect(signup.status).toBe(201);
+      const streams: SseStream[] = [];
+      const open = (cookie?: string) => async (): Promise<Answer> => {
+        const s = await SseStream.open(live.url!, cookie ? { cookie } : {});
+        streams.push(s);
+        if (s.status !== 200) await s.ended;
+        const type = s.contentType.split(';')[0]!.trim();
+        return { status: s.status, body: s.status === 200 ? '' : s.body, bytes: Buffer.alloc(0), type, sid: undefined };
+      };
+      await drive({
+        getEvents: [
+          [200, null, 'a logged-in user', open(`sid=${user.sid!}`)],
+          [429, 'too-many-requests', 'a second stream over live.maxPerUser', open(`sid=${user.sid!}`)],
+          [401, 'no-session', 'no session', open()],
+        ],
+      });
+      for (const s of streams) s.close();
+    } finally {
+      await live.close();
     }
   });
 
