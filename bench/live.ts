@@ -352,7 +352,14 @@ interface Figures {
     sent: number;
     delivered: number;
     undelivered: number;
+    /** Devices whose client did not hold the device's last value at the end (after the drain). */
+    stale: number;
     latency: Lat;
+    /**
+     * From the device's acknowledgement (sent by the bridge after its commit) to the client's frame, for the values
+     * that had both, ms: the live channel's own share of the latency. Negative when the frame came first.
+     */
+    ackToFrame: Lat;
     /** p99 of the values due in each second of the measured window, ms: a stall shows as one bad second. */
     p99BySecond: number[];
     duplicates: number;
@@ -470,6 +477,13 @@ async function measure(
       `${rep.delivered}/${r.sent} delivered`,
   );
   const pushAck = lat(r.latencies);
+  const ackToFrame: number[] = [];
+  rep.keys.forEach((key, i) => {
+    const acked = r.ackedAt?.[key];
+    if (acked !== undefined) ackToFrame.push(rep.dues[i]! + rep.latencies[i]! - acked);
+  });
+  const lastSent = r.lastValues ?? {};
+  const stale = Object.entries(lastSent).filter(([id, key]) => rep.lastValues[id] !== key).length;
   const first = Math.min(...rep.dues);
   const seconds: number[][] = [];
   rep.dues.forEach((due, i) => (seconds[Math.floor((due - first) / 1000)] ??= []).push(rep.latencies[i]!));
@@ -495,7 +509,9 @@ async function measure(
       sent: r.sent,
       delivered: rep.delivered,
       undelivered: Math.max(0, r.sent - rep.delivered),
+      stale,
       latency,
+      ackToFrame: lat(ackToFrame),
       p99BySecond: Array.from(seconds, (xs) => round(percentile(xs ?? [], 99))),
       duplicates: rep.duplicates,
       outOfOrder: rep.outOfOrder,
@@ -593,7 +609,11 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
     a === undefined || b === undefined || b === 0 || !bridge ? '' : f(a / b);
   const kb = (x: number | undefined) => (x === undefined ? 'n/a' : f(x / 1024));
   const clean = (x: Figures) =>
-    x.load.undelivered === 0 && x.load.duplicates === 0 && x.load.outOfOrder === 0 && x.load.foreign === 0;
+    x.load.undelivered === 0 &&
+    x.load.stale === 0 &&
+    x.load.duplicates === 0 &&
+    x.load.outOfOrder === 0 &&
+    x.load.foreign === 0;
   const met = {
     latency: main.load.latency.p99 < TARGET.p99Ms && clean(main),
     memory: main.memory.rssPerChannel <= TARGET.bytesPerChannel,
@@ -634,6 +654,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: met.latency,
     },
     {
+      figure: 'ack → frame p50 / p99 (ms)',
+      measured: `${f(main.load.ackToFrame.p50)} / ${f(main.load.ackToFrame.p99)}`,
+      baseline: b ? `${f(b.load.ackToFrame.p50)} / ${f(b.load.ackToFrame.p99)}` : '',
+      ratio: '',
+      target: '(diagnostic)',
+      met: undefined,
+    },
+    {
       figure: 'publish → frame max (ms)',
       measured: f(main.load.latency.max),
       baseline: b ? f(b.load.latency.max) : '',
@@ -648,6 +676,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       ratio: '',
       target: '0',
       met: main.load.undelivered === 0,
+    },
+    {
+      figure: "devices whose client missed the device's last value",
+      measured: String(main.load.stale),
+      baseline: b ? String(b.load.stale) : '',
+      ratio: '',
+      target: '0',
+      met: main.load.stale === 0,
     },
     {
       figure: 'duplicated, out of order, other device',

@@ -78,6 +78,9 @@ export interface PushReport {
   lost: number;
   /** `down/vars` items received and acknowledged (pushes from the cloud: a re-stamp or a catch-up). */
   downItems: number;
+  /** With `stamp`: when each measured value (`m<proc>.<n>`) was acknowledged (epoch ms), and each device's last value. */
+  ackedAt?: Record<string, number>;
+  lastValues?: Record<string, string>;
 }
 
 type Reply = { seq: number; ok: true; result: unknown } | { seq: number; ok: false; error: string };
@@ -190,6 +193,10 @@ export class SimFleet {
       ready: sum(parts, (p) => p.ready),
       lost: sum(parts, (p) => p.lost),
       downItems: sum(parts, (p) => p.downItems),
+      ...(stamp && {
+        ackedAt: Object.assign({}, ...parts.map((p) => p.ackedAt)) as Record<string, number>,
+        lastValues: Object.assign({}, ...parts.map((p) => p.lastValues)) as Record<string, string>,
+      }),
     };
   }
 

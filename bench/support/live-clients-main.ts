@@ -25,11 +25,15 @@ interface Client {
   openedAt: number;
   /** The newest pushed value's number seen, per simulator process (values of one process only ever grow). */
   lastSeq: Map<string, number>;
+  /** The newest value seen (`m<proc>.<n>`, without its stamp). */
+  lastKey: string | undefined;
 }
 
 const specs = JSON.parse(readFileSync(init.clientsFile, 'utf8')) as LiveClientSpec[];
 const clients: Client[] = specs.flatMap((spec, index) =>
-  index % init.of === init.index ? [{ index, spec, ws: undefined, ready: false, openedAt: 0, lastSeq: new Map() }] : [],
+  index % init.of === init.index
+    ? [{ index, spec, ws: undefined, ready: false, openedAt: 0, lastSeq: new Map(), lastKey: undefined }]
+    : [],
 );
 
 /** 127.0.X.Y, one per client, X from 1: the whole of 127/8 is the loopback on Linux. */
@@ -45,6 +49,7 @@ let measuring = false;
 let seen = new Set<string>();
 let latencies: number[] = [];
 let dues: number[] = [];
+let keys: string[] = [];
 let duplicates = 0;
 let outOfOrder = 0;
 let foreign = 0;
@@ -60,6 +65,7 @@ function reset(): void {
   seen = new Set();
   latencies = [];
   dues = [];
+  keys = [];
   duplicates = 0;
   outOfOrder = 0;
   foreign = 0;
@@ -87,6 +93,7 @@ function onValue(c: Client, value: string, at: number, text: string, size: numbe
     return;
   }
   c.lastSeq.set(proc, seq);
+  c.lastKey = value.slice(0, stampAt);
   if (!measuring) return;
   valueFrames++;
   if (valueFrameBytes.length < 2000) valueFrameBytes.push(size);
@@ -100,6 +107,7 @@ function onValue(c: Client, value: string, at: number, text: string, size: numbe
   const due = Number(value.slice(stampAt + 1));
   latencies.push(at - due);
   dues.push(due);
+  keys.push(key);
   sampleDelta ??= { text, deviceId: c.spec.deviceId, value };
 }
 
@@ -252,6 +260,8 @@ process.on('message', (m: LiveClientsRequest & { seq: number }) => {
         delivered: latencies.length,
         latencies,
         dues,
+        keys,
+        lastValues: Object.fromEntries(clients.flatMap((c) => (c.lastKey ? [[c.spec.deviceId, c.lastKey]] : []))),
         duplicates,
         outOfOrder,
         foreign,

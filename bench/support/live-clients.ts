@@ -58,6 +58,10 @@ export interface LiveReport extends LiveStats {
   latencies: number[];
   /** When each of those values was due (epoch ms, same order): the latency second by second. */
   dues: number[];
+  /** And which value each was (`m<proc>.<n>`). */
+  keys: string[];
+  /** The newest value each client holds, by device. */
+  lastValues: Record<string, string>;
   /** A measured value received again, or before an older one of the same device. */
   duplicates: number;
   outOfOrder: number;
@@ -175,6 +179,8 @@ export class LiveClients {
       delivered: sum((p) => p.delivered),
       latencies: parts.flatMap((p) => p.latencies),
       dues: parts.flatMap((p) => p.dues),
+      keys: parts.flatMap((p) => p.keys),
+      lastValues: Object.assign({}, ...parts.map((p) => p.lastValues)) as Record<string, string>,
       duplicates: sum((p) => p.duplicates),
       outOfOrder: sum((p) => p.outOfOrder),
       foreign: sum((p) => p.foreign),

@@ -21,11 +21,20 @@ const config = JSON.parse(readFileSync(configFile!, 'utf8')) as LiveEchoConfig;
 const deviceOf = new Map(config.clients.map((c) => [c.cookie, c.deviceId]));
 const watchers = new Map<string, Set<WebSocket>>();
 
+/**
+ * The newest version relayed per device. aedes may hand over a device's pushes out of order when it is backed up
+ * (seen after a stall of the machine: a burst of one device's pushes came out newest first); a version older than
+ * one already relayed is dropped, as the bridge keeps only the newest version of a variable.
+ */
+const newest = new Map<string, number>();
+
 await startEchoBroker(Number(mqttPort), 'live-echo', (deviceId, items) => {
   const set = watchers.get(deviceId);
   if (!set) return;
   for (const item of items) {
     if (item.type !== 'd' || typeof item.value !== 'string') continue;
+    if (item.time <= (newest.get(deviceId) ?? -Infinity)) continue;
+    newest.set(deviceId, item.time);
     const frame = fillFrame(config.delta, deviceId, item.value);
     for (const ws of set) ws.send(frame);
   }
