@@ -63,6 +63,7 @@ interface Options {
   clientProcs: number;
   connectWindow: number;
   gc: boolean;
+  ingestOnly: boolean;
   bridge: boolean;
   baseline: boolean;
   logLevel: string;
@@ -84,6 +85,7 @@ const USAGE = `options:
   --client-procs N    processes for the WebSocket clients (default 1)
   --connect-window N  device connections and WebSocket handshakes in flight (default 200)
   --no-gc             read memory after settling only, without forcing a collection through the inspector
+  --no-ingest-only    skip the pushes with no channel open (push → ack and CPU per change without the channel)
   --no-bridge         measure the baseline only (its frames then have a made-up shape of the bridge's size)
   --no-baseline       measure the bridge only
   --log-level LEVEL   the bridge's log level (default info, as the service runs)
@@ -111,6 +113,7 @@ function parseOptions(args: string[]): Options {
         'client-procs': { type: 'string', default: '1' },
         'connect-window': { type: 'string', default: '200' },
         'no-gc': { type: 'boolean', default: false },
+        'no-ingest-only': { type: 'boolean', default: false },
         'no-bridge': { type: 'boolean', default: false },
         'no-baseline': { type: 'boolean', default: false },
         'log-level': { type: 'string', default: 'info' },
@@ -146,6 +149,7 @@ function parseOptions(args: string[]): Options {
     clientProcs: int('client-procs', v['client-procs'], 1),
     connectWindow: int('connect-window', v['connect-window'], 1),
     gc: !v['no-gc'],
+    ingestOnly: !v['no-ingest-only'],
     bridge: !v['no-bridge'],
     baseline: !v['no-baseline'],
     logLevel: v['log-level'],
@@ -376,6 +380,8 @@ interface Figures {
     pushAckP99Ms: number;
   };
   samples: { snapshot: LiveConnectReport['sampleSnapshot']; delta: LiveReport['sampleDelta'] };
+  /** The same pushes before any channel was open (`--no-ingest-only` skips them). */
+  ingestOnly: { pushAck: Lat; acked: number; sent: number; cpuUsPerChange: number; cores: number } | undefined;
 }
 
 async function readMemory(pid: number, inspector: Inspector | undefined, settleMs: number): Promise<MemoryReading> {
@@ -411,6 +417,24 @@ async function measure(
     throw new Error(`${target.label}: ${c.failed} of ${n} devices did not connect\n${target.output().slice(-2000)}`);
   }
   console.log(`  devices connected in ${round((c.lastReady - c.firstStart) / 1000)} s`);
+  // The same pushes with no channel open: what the device's path costs by itself, for the bridge's CPU and ack.
+  let ingestOnly: Figures['ingestOnly'];
+  if (opts.ingestOnly) {
+    const cpu0 = readCpuMs(target.pid);
+    const t = performance.now();
+    const r = await sim.push(opts.rate, opts.warmupS * 1000, opts.durationS * 1000, opts.drainS * 1000);
+    const cpu = readCpuMs(target.pid) - cpu0;
+    ingestOnly = {
+      pushAck: lat(r.latencies),
+      acked: r.acked,
+      sent: r.sent,
+      cpuUsPerChange: round((cpu * 1000) / Math.max(1, r.sentTotal)),
+      cores: round(cpu / (performance.now() - t)),
+    };
+    console.log(
+      `  no channel open, ${opts.rate}/s: push → ack p50 ${ingestOnly.pushAck.p50} ms, p99 ${ingestOnly.pushAck.p99} ms`,
+    );
+  }
   const clients = LiveClients.start(
     { procs: opts.clientProcs, clientsFile: files.clients, url: target.ws, throttleMs: opts.throttleMs },
     cleanup,
@@ -472,6 +496,14 @@ async function measure(
   await sim.stop();
   inspector?.close();
   const latency = lat(rep.latencies);
+  const said = target.tally
+    ? ''
+    : target
+        .output()
+        .split('\n')
+        .filter((l) => l.trim() && !/^(Debugger |For help, see)/.test(l))
+        .join('\n');
+  if (said) console.log(`  ${target.label} wrote:\n${said.slice(-2000)}`);
   console.log(
     `  ${opts.rate}/s: p50 ${latency.p50} ms, p99 ${latency.p99} ms, max ${latency.max} ms; ` +
       `${rep.delivered}/${r.sent} delivered`,
@@ -526,6 +558,7 @@ async function measure(
       pushAckP99Ms: pushAck.p99,
     },
     samples: { snapshot: opened.sampleSnapshot, delta: rep.sampleDelta },
+    ingestOnly,
   };
 }
 
@@ -726,6 +759,22 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: undefined,
     },
     {
+      figure: 'no channel open: push → ack p50 / p99 (ms)',
+      measured: main.ingestOnly ? `${f(main.ingestOnly.pushAck.p50)} / ${f(main.ingestOnly.pushAck.p99)}` : 'not run',
+      baseline: b?.ingestOnly ? `${f(b.ingestOnly.pushAck.p50)} / ${f(b.ingestOnly.pushAck.p99)}` : '',
+      ratio: '',
+      target: '(diagnostic)',
+      met: undefined,
+    },
+    {
+      figure: 'no channel open: CPU per change (µs)',
+      measured: main.ingestOnly ? f(main.ingestOnly.cpuUsPerChange) : 'not run',
+      baseline: b?.ingestOnly ? f(b.ingestOnly.cpuUsPerChange) : '',
+      ratio: ratio(main.ingestOnly?.cpuUsPerChange, b?.ingestOnly?.cpuUsPerChange),
+      target: '(diagnostic)',
+      met: undefined,
+    },
+    {
       figure: 'cores busy: server, clients, simulator',
       measured: `${f(main.load.cores.target)}, ${f(main.load.cores.clients)}, ${f(main.load.cores.simulator)}`,
       baseline: b ? `${f(b.load.cores.target)}, ${f(b.load.cores.clients)}, ${f(b.load.cores.simulator)}` : '',
@@ -793,6 +842,7 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
         simProcs: opts.simProcs,
         clientProcs: opts.clientProcs,
         gc: opts.gc,
+        ingestOnly: opts.ingestOnly,
         logLevel: opts.logLevel,
       },
       seedMs: round(seedMs),
