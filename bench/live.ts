@@ -378,6 +378,9 @@ interface Figures {
     cores: { target: number; clients: number; simulator: number };
     simLagP99Ms: number;
     pushAckP99Ms: number;
+    /** Device connections the server closed since they connected, and pushes acknowledged in the window. */
+    devicesLost: number;
+    acked: number;
   };
   samples: { snapshot: LiveConnectReport['sampleSnapshot']; delta: LiveReport['sampleDelta'] };
   /** The same pushes before any channel was open (`--no-ingest-only` skips them). */
@@ -506,7 +509,8 @@ async function measure(
   if (said) console.log(`  ${target.label} wrote:\n${said.slice(-2000)}`);
   console.log(
     `  ${opts.rate}/s: p50 ${latency.p50} ms, p99 ${latency.p99} ms, max ${latency.max} ms; ` +
-      `${rep.delivered}/${r.sent} delivered`,
+      `${rep.delivered}/${r.sent} delivered, ${r.acked} acknowledged` +
+      (r.lost > 0 ? `, ${r.lost} device connections lost` : ''),
   );
   const pushAck = lat(r.latencies);
   const ackToFrame: number[] = [];
@@ -556,6 +560,8 @@ async function measure(
       cores: { target: round(cpu / wall), clients: round(clientCpu / wall), simulator: round(simCpu / wall) },
       simLagP99Ms: round(r.lagP99Ms),
       pushAckP99Ms: pushAck.p99,
+      devicesLost: r.lost,
+      acked: r.acked,
     },
     samples: { snapshot: opened.sampleSnapshot, delta: rep.sampleDelta },
     ingestOnly,
