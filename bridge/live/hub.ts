@@ -66,6 +66,8 @@ interface UserEntry {
   /** While the first list is being read: what events did meanwhile (true: added, false: removed). */
   loadEdits: Map<string, boolean> | null;
   loaded: Promise<void>;
+  /** The first list could not be read: the next snapshot reads it again. */
+  loadFailed: boolean;
   channels: Set<Channel>;
   /** The SSE log, from the user's first SSE stream. */
   sse: SseLog | null;
@@ -99,6 +101,8 @@ export class Channel {
   waitingDrain = false;
   /** SSE: the number of the last frame written. */
   lastN = 0;
+  /** Counts the snapshots begun: only the latest one is sent. */
+  snapshots = 0;
   closed = false;
   readonly openedAt = performance.now();
 
@@ -200,11 +204,18 @@ export class LiveHub {
     user.lingerUntil = 0;
     this.channels.add(ch);
     this.figures.open[kind]++;
+    // Its handshake began before the bridge began to stop.
+    if (this.stopped) {
+      this.end(ch, 'shutdown');
+      return ch;
+    }
     this.startTicker();
     if (kind === 'sse') {
+      // A log made now knows nothing of what came before: no resume into it.
+      const known = user.sse !== null;
       user.sse ??= { pending: null, frames: [], floor: this.n };
       const after = resumeAfter === undefined ? undefined : this.parseId(resumeAfter);
-      if (after !== undefined && after >= user.sse.floor && after <= this.n) {
+      if (known && after !== undefined && after >= user.sse.floor && after <= this.n) {
         ch.lastN = after;
         ch.ready = true;
         this.d.log.debug({ event: 'live.opened', kind, userId, resumed: true });
@@ -222,9 +233,9 @@ export class LiveHub {
     ch.throttleMs = Math.max(0, Math.min(this.cfg.maxThrottleMs, Number.isFinite(ms) ? Math.floor(ms) : 0));
   }
 
-  /** The channel's socket closed (the client left, or after the hub ended it). */
-  closed(ch: Channel): void {
-    this.finish(ch, 'client', 1000);
+  /** The channel's socket closed (the client left, or after the hub ended it), with the client's close code. */
+  closed(ch: Channel, code = 1000): void {
+    this.finish(ch, 'client', code);
   }
 
   /** Ends a channel for `reason`, telling the client why. */
@@ -287,29 +298,38 @@ export class LiveHub {
       id: userId,
       devices: new Set(),
       adding: new Set(),
-      loadEdits: new Map(),
+      loadEdits: null,
       loaded: Promise.resolve(),
+      loadFailed: false,
       channels: new Set(),
       sse: null,
       lingerUntil: 0,
     };
     user = entry;
     this.users.set(userId, entry);
-    entry.loaded = this.d.store.devices.deviceIdsOf(userId).then(
+    this.load(entry);
+    return user;
+  }
+
+  /** Reads the user's devices; events that come meanwhile are applied over what it reads. */
+  private load(entry: UserEntry): void {
+    entry.loadFailed = false;
+    entry.loadEdits = new Map();
+    entry.loaded = this.d.store.devices.deviceIdsOf(entry.id).then(
       (ids) => {
         const edits = entry.loadEdits ?? new Map<string, boolean>();
         entry.loadEdits = null;
-        if (this.users.get(userId) !== entry) return;
+        if (this.users.get(entry.id) !== entry) return;
         for (const id of ids) if (edits.get(id) !== false) this.index(entry, id);
       },
       (err: unknown) => {
         entry.loadEdits = null;
+        entry.loadFailed = true;
         throw err;
       },
     );
     // A failure is the snapshot's to report.
     entry.loaded.catch(() => undefined);
-    return user;
   }
 
   private dropUser(user: UserEntry): void {
@@ -460,7 +480,7 @@ export class LiveHub {
       user.sse.pending = null;
       user.sse.floor = this.n;
     }
-    for (const ch of user.channels) if (ch.ready) void this.snapshot(ch);
+    for (const ch of user.channels) void this.snapshot(ch);
   }
 
   // ---- marking and sending ----
@@ -653,6 +673,10 @@ export class LiveHub {
   /** The channel's socket is over the high-water mark: nothing more until it drains. */
   private stall(ch: Channel, resume: () => void): void {
     if (ch.stalledSince === 0) ch.stalledSince = performance.now();
+    if (ch.pendingCount > this.cfg.maxPendingKeys) {
+      this.end(ch, 'slow');
+      return;
+    }
     if (ch.waitingDrain) return;
     ch.waitingDrain = true;
     ch.sink.onDrain(() => {
@@ -668,7 +692,12 @@ export class LiveHub {
 
   /** A frame for every channel of the user (claims and removals): WebSocket at once, SSE through the log. */
   private broadcast(user: UserEntry, kind: FrameKind, json: string): void {
-    for (const ch of user.channels) if (ch.kind === 'ws' && ch.ready) this.write(ch, kind, json);
+    for (const ch of user.channels) {
+      if (ch.kind !== 'ws') continue;
+      if (ch.ready) this.write(ch, kind, json);
+      // Its snapshot is being read, perhaps from before this: a new one is read, which has it.
+      else if (!ch.closed) void this.snapshot(ch);
+    }
     if (user.sse) {
       this.append(user.sse, kind, json);
       for (const ch of user.channels) if (ch.kind === 'sse') this.pumpSse(ch);
@@ -680,10 +709,12 @@ export class LiveHub {
   private async snapshot(ch: Channel): Promise<void> {
     const user = ch.user;
     ch.ready = false;
+    const generation = ++ch.snapshots;
     // SSE: the frames numbered after this one were built after the reads below began, so they follow it.
     const n = ch.kind === 'sse' ? ++this.n : 0;
     let frame: string;
     try {
+      if (user.loadFailed) this.load(user);
       await user.loaded;
       const ids = [...user.devices].filter((id) => !user.adding.has(id));
       const objects = await Promise.all(ids.map(async (id) => [id, await liveDeviceJson(this.d.store, id)] as const));
@@ -693,7 +724,8 @@ export class LiveHub {
       this.end(ch, 'error');
       return;
     }
-    if (ch.closed) return;
+    // A later snapshot (after a resync, a claim meanwhile) has begun: it is the one sent.
+    if (ch.closed || generation !== ch.snapshots) return;
     if (ch.kind === 'sse') {
       this.write(ch, 'devices', frame, this.idOf(n));
       ch.lastN = Math.max(ch.lastN, n);
@@ -786,8 +818,10 @@ export class LiveHub {
   private tick(): void {
     const now = performance.now();
     for (const ch of [...this.channels]) {
-      if (ch.stalledSince !== 0 && now - ch.stalledSince > this.cfg.maxLagMs) this.end(ch, 'slow');
-      else if (!ch.sink.ping()) this.end(ch, 'ping');
+      // A stalled peer reads nothing, our pings included: `live.maxLagMs` is its limit, not a missed pong.
+      if (ch.stalledSince !== 0) {
+        if (now - ch.stalledSince > this.cfg.maxLagMs) this.end(ch, 'slow');
+      } else if (!ch.sink.ping()) this.end(ch, 'ping');
     }
     for (const user of [...this.users.values()]) {
       if (user.channels.size === 0 && user.lingerUntil !== 0 && user.lingerUntil <= now) this.dropUser(user);

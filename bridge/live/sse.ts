@@ -85,6 +85,8 @@ export function sseRoutes(deps: SseDeps): Route[] {
       handler: async (req, reply) => {
         const who = await authenticate(deps.authenticators, req.raw, req.frontend);
         if (!who) return reply.code(401).type('text/plain; charset=utf-8').send(token('no-session'));
+        // `HEAD` (which every `GET` route answers): the head of the stream, and no stream.
+        if (req.method === 'HEAD') return reply.code(200).type('text/event-stream; charset=utf-8').send('');
         const address = clientAddress(req.raw, config);
         const limit = hub.reserve(who.user.id, address);
         if (limit) {

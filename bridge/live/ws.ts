@@ -110,9 +110,9 @@ export function serveWebSockets(server: Server, deps: WsDeps): () => void {
   function onPong(this: LiveSocket): void {
     this[ALIVE] = true;
   }
-  function onClose(this: LiveSocket): void {
+  function onClose(this: LiveSocket, code: number): void {
     const ch = this[CHANNEL];
-    if (ch) hub.closed(ch);
+    if (ch) hub.closed(ch, code);
   }
   function onError(): void {
     // The close that follows ends the channel.

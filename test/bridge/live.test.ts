@@ -5,10 +5,11 @@
  *
  * Sharing is not here: the second user simply does not see the device.
  */
+import { randomBytes, randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, agentCli, startAgent } from '../support/agent.js';
-import { type ConfigOverrides, type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
-import { type LiveMessage, LiveSocket } from '../support/live.js';
+import { type ConfigOverrides, type HttpClient, type LiveBridge, engines, startLiveBridge } from '../support/bridge.js';
+import { type LiveMessage, LiveSocket, SseStream } from '../support/live.js';
 import { until } from '../support/wait.js';
 
 async function signup(http: HttpClient, login: string): Promise<string> {
@@ -36,7 +37,7 @@ function values(socket: LiveSocket, deviceId: string, name: string): string[] {
   return out;
 }
 
-describe('the WebSocket live channel', () => {
+describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
   let bridge: LiveBridge | undefined;
   const agents: TestAgent[] = [];
   const sockets: LiveSocket[] = [];
@@ -48,7 +49,7 @@ describe('the WebSocket live channel', () => {
   });
 
   async function start(config?: ConfigOverrides) {
-    bridge = await startLiveBridge(config ? { config } : {});
+    bridge = await startLiveBridge({ engine, ...(config ? { config } : {}) });
     return bridge;
   }
 
@@ -179,6 +180,10 @@ describe('the WebSocket live channel', () => {
     expect(await first.closed).toEqual({ code: 4001, reason: 'session ended' });
     expect(second.ws.readyState).toBe(second.ws.OPEN);
     expect(b.sink.events('live.closed').map((e) => e.reason)).toEqual(['session']);
+    const metrics = (await one.get('/metrics')).body;
+    expect(metrics).toContain('devcloud_live_channels_open{kind="ws"} 1');
+    expect(metrics).toContain('devcloud_live_channels_closed_total{reason="session"} 1');
+    expect(metrics).toContain('devcloud_live_frames_sent_total{kind="ws",type="devices"} 2');
   });
 
   it('refuses before the upgrade: no session 401, anonymous 401, no thsq-user 400, unknown frontend 404, other path 404', async () => {
@@ -234,5 +239,226 @@ describe('the WebSocket live channel', () => {
     expect((await silent.closed).code).toBe(1006);
     expect(polite.ws.readyState).toBe(polite.ws.OPEN);
     expect(b.sink.events('live.closed').map((e) => e.reason)).toEqual(['ping']);
+  });
+
+  /** A device owned by the user, as the bridge keeps it after a hello (no agent: its changes come from REST). */
+  async function ownedDevice(b: LiveBridge, login: string): Promise<string> {
+    const id = randomUUID();
+    const now = Date.now();
+    const user = (await b.bridge.store.userByLogin(b.bridge.defaultFrontend.id, login))!;
+    await b.bridge.store.write(async ({ devices }) => {
+      await devices.touch(id, now);
+      await devices.setAuthcode(id, randomBytes(16).toString('hex'));
+      await devices.setMeta(id, 'unique', id, now, 'device');
+      await devices.setMeta(id, 'state', 'connected', now, 'server');
+      await devices.claim(id, user.id, now);
+    });
+    return id;
+  }
+
+  (engine === 'postgres' ? it : it.skip)(
+    'sends every channel a fresh snapshot after the bus may have missed events (its listener lost)',
+    async () => {
+      const b = await start();
+      const u = b.client();
+      const cookie = await signup(u, 'resync@example.com');
+      const id = await ownedDevice(b, 'resync@example.com');
+      const ws = await open(cookie);
+      const sse = await SseStream.open(b.url, { cookie });
+      try {
+        await ws.next((m) => m.devices, 'snapshot');
+        await sse.next((e) => e.event === 'devices' || undefined, 'SSE snapshot');
+        const backend = await b.database!.pool.query<{ pid: number }>(
+          "SELECT pid FROM pg_stat_activity WHERE application_name = 'devcloud-bridge-events' AND datname = current_database()",
+        );
+        expect(backend.rows).toHaveLength(1);
+        await b.database!.pool.query('SELECT pg_terminate_backend($1)', [backend.rows[0]!.pid]);
+        // Written while the listener is away: not announced to this bridge's channels, so only a snapshot has it.
+        const now = Date.now();
+        await b.bridge.store.write(({ devices }) =>
+          devices.putVersion(
+            id,
+            { type: 's', name: 'missed', value: Buffer.from('1'), time: now, origin: 'cloud' },
+            now,
+            'user',
+          ),
+        );
+        const again = await ws.next(
+          (m) => (m.devices?.[id]?.s.missed ? m.devices : undefined),
+          'the fresh snapshot',
+          1,
+        );
+        expect(again[id]!.s.missed!.value).toBe('1');
+        await sse.next(
+          (e) => (e.event === 'devices' && e.data.includes('"missed"') ? true : undefined),
+          'the fresh SSE snapshot',
+        );
+      } finally {
+        sse.close();
+      }
+    },
+  );
+
+  // What follows depends on no engine: on SQLite only, to keep the file quick.
+  const onSqlite = engine === 'sqlite' ? it : it.skip;
+
+  onSqlite('closes every channel with 1001 when the bridge stops', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'stop@example.com');
+    const ws = await open(cookie);
+    const sse = await SseStream.open(b.url, { cookie });
+    await ws.next((m) => m.devices, 'snapshot');
+    await sse.next((e) => e.event === 'devices' || undefined, 'SSE snapshot');
+    bridge = undefined;
+    await b.close();
+    expect(await ws.closed).toEqual({ code: 1001, reason: 'bridge shutting down' });
+    await sse.ended;
+    expect(sse.events.at(-1)).toEqual({ event: 'close', data: '{"code":1001,"reason":"bridge shutting down"}' });
+  });
+
+  onSqlite('sends a change that reaches the channel twice once', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'twice@example.com');
+    const id = await ownedDevice(b, 'twice@example.com');
+    const s = await open(cookie);
+    await s.next((m) => m.devices, 'snapshot');
+    const now = Date.now();
+    await b.bridge.store.write(({ devices }) =>
+      devices.putVersion(
+        id,
+        { type: 's', name: 'once', value: Buffer.from('1'), time: now, origin: 'cloud' },
+        now,
+        'user',
+      ),
+    );
+    // The same event twice in one turn (as a bridge that heard it from the bus and handled it too would).
+    const event = {
+      type: 'device.vars',
+      deviceId: id,
+      vars: [{ type: 's', name: 'once', change: 'version' }],
+    } as const;
+    b.bridge.events.publish(event);
+    b.bridge.events.publish(event);
+    await u.post(`/0/devices/${id}/s/after`, { form: { value: 'x' } });
+    await s.next((m) => m.delta?.[id]?.s?.after, 'the later change');
+    expect(s.records(id, 's', 'once')).toHaveLength(1);
+  });
+
+  onSqlite('coalesces changes within a throttletime', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'throttle@example.com');
+    const id = await ownedDevice(b, 'throttle@example.com');
+    const s = await open(cookie, { throttletime: 300 });
+    await s.next((m) => m.devices, 'snapshot');
+    for (let i = 1; i <= 10; i++) await u.post(`/0/devices/${id}/s/n`, { form: { value: String(i) } });
+    await s.next((m) => (m.delta?.[id]?.s?.n?.value === '10' ? true : undefined), 'the last value');
+    const seen = s.records(id, 's', 'n').map((r) => Number(r.value));
+    expect(seen.length).toBeLessThan(10);
+    expect(seen).toEqual([...seen].sort((x, y) => x - y));
+  });
+
+  onSqlite(
+    'stops sending to a client that does not read, keeps only what changed, and closes it (4008) when it falls too far behind',
+    async () => {
+      const b = await start({ live: { highWaterBytes: 1024, maxPendingKeys: 20 } });
+      const u = b.client();
+      const cookie = await signup(u, 'slow@example.com');
+      const id = await ownedDevice(b, 'slow@example.com');
+      const s = await open(cookie);
+      await s.next((m) => m.devices, 'snapshot');
+      s.ws.pause();
+      // A burst of large values (as a device's up/vars would bring them): one frame of some 16 MB, more than the
+      // socket buffers of both ends take.
+      const names = Array.from({ length: 256 }, (_, i) => `big${i}`);
+      const value = Buffer.alloc(64 * 1024, 'x');
+      const now = Date.now();
+      await b.bridge.store.write(async ({ devices }) => {
+        for (const name of names) {
+          await devices.putVersion(id, { type: 's', name, value, time: now, origin: 'cloud' }, now, 'user', false);
+        }
+      });
+      b.bridge.events.publish({
+        type: 'device.vars',
+        deviceId: id,
+        vars: names.map((name) => ({ type: 's', name, change: 'version' })),
+      });
+      // Then changes of other variables, through REST: they wait, coalesced, until there are too many.
+      for (let i = 0; i < 25 && b.sink.events('live.closed').length === 0; i++) {
+        await u.post(`/0/devices/${id}/s/small${i % 22}`, { form: { value: String(i) } });
+      }
+      await until(() => b.sink.events('live.closed').length === 1, 'the close');
+      expect(b.sink.events('live.closed')[0]).toMatchObject({ reason: 'slow', code: 4008 });
+      s.ws.resume();
+      expect(await s.closed).toEqual({ code: 4008, reason: 'too far behind' });
+      // The big frame, and none of the small changes: they were coalesced, never queued as frames.
+      const deltas = s.messages.filter((m) => m.delta);
+      expect(deltas.length).toBe(1);
+      expect(Object.keys(deltas[0]!.delta![id]!.s!)).toHaveLength(256);
+    },
+  );
+
+  onSqlite('closes a client that stays stalled for live.maxLagMs', async () => {
+    // The check runs with the pings, every 300 ms; stalled for over 100 ms is too long.
+    const b = await start({ live: { highWaterBytes: 1024, maxLagMs: 100, pingMs: 300 } });
+    const u = b.client();
+    const cookie = await signup(u, 'lag@example.com');
+    const id = await ownedDevice(b, 'lag@example.com');
+    const s = await open(cookie);
+    await s.next((m) => m.devices, 'snapshot');
+    s.ws.pause();
+    const names = Array.from({ length: 256 }, (_, i) => `big${i}`);
+    const value = Buffer.alloc(64 * 1024, 'y');
+    const now = Date.now();
+    await b.bridge.store.write(async ({ devices }) => {
+      for (const name of names) {
+        await devices.putVersion(id, { type: 's', name, value, time: now, origin: 'cloud' }, now, 'user', false);
+      }
+    });
+    b.bridge.events.publish({
+      type: 'device.vars',
+      deviceId: id,
+      vars: names.map((name) => ({ type: 's', name, change: 'version' })),
+    });
+    // One more change finds the socket full: the channel stalls, and the clock runs.
+    await until(async () => {
+      await u.post(`/0/devices/${id}/s/after`, { form: { value: '1' } });
+      return b.sink.events('live.closed').length === 1;
+    }, 'the close');
+    expect(b.sink.events('live.closed')[0]).toMatchObject({ reason: 'slow', code: 4008 });
+    s.ws.resume();
+    expect((await s.closed).code).toBe(4008);
+  });
+
+  onSqlite('keeps 1,000 open channels on one bridge, and every one gets the change of its device', async () => {
+    const b = await start({ live: { maxPerUser: 1000, maxPerAddress: 2000 } });
+    const owners = await Promise.all(
+      Array.from({ length: 10 }, async (_, i) => {
+        const http = b.client();
+        const login = `many${i}@example.com`;
+        const cookie = await signup(http, login);
+        return { http, cookie, id: await ownedDevice(b, login) };
+      }),
+    );
+    const channels: Array<{ socket: LiveSocket; id: string }> = [];
+    for (let batch = 0; batch < 4; batch++) {
+      const opened = await Promise.all(
+        owners.flatMap((o) => Array.from({ length: 25 }, async () => ({ socket: await open(o.cookie), id: o.id }))),
+      );
+      channels.push(...opened);
+    }
+    expect(channels).toHaveLength(1000);
+    await until(() => channels.every((c) => c.socket.messages.length >= 1), 'every snapshot');
+    await Promise.all(owners.map((o) => o.http.post(`/0/devices/${o.id}/s/wave`, { form: { value: 'hi' } })));
+    await until(
+      () => channels.every((c) => c.socket.messages.some((m) => m.delta?.[c.id]?.s?.wave?.value === 'hi')),
+      'the change on every channel',
+    );
+    // Each saw its own device only.
+    for (const c of channels) {
+      for (const m of c.socket.messages) expect(Object.keys(m.delta ?? m.devices ?? {})).toEqual([c.id]);
+    }
   });
 });
