@@ -86,6 +86,11 @@ interface SseLog {
   frames: SseFrame[];
   /** Frames up to this number are not in the log (before it began, or dropped from its front). */
   floor: number;
+  /**
+   * The log's frames and its streams' snapshots are built one after another, so that a frame numbered after a
+   * snapshot never holds a record read before it.
+   */
+  busy: Promise<void>;
 }
 
 export class Channel {
@@ -213,7 +218,7 @@ export class LiveHub {
     if (kind === 'sse') {
       // A log made now knows nothing of what came before: no resume into it.
       const known = user.sse !== null;
-      user.sse ??= { pending: null, frames: [], floor: this.n };
+      user.sse ??= { pending: null, frames: [], floor: this.n, busy: Promise.resolve() };
       const after = resumeAfter === undefined ? undefined : this.parseId(resumeAfter);
       if (known && after !== undefined && after >= user.sse.floor && after <= this.n) {
         ch.lastN = after;
@@ -706,11 +711,25 @@ export class LiveHub {
 
   // ---- snapshots ----
 
-  private async snapshot(ch: Channel): Promise<void> {
-    const user = ch.user;
+  private snapshot(ch: Channel): Promise<void> {
     ch.ready = false;
     const generation = ++ch.snapshots;
-    // SSE: the frames numbered after this one were built after the reads below began, so they follow it.
+    const log = ch.user.sse;
+    if (ch.kind === 'sse' && log) return this.serial(log, () => this.takeSnapshot(ch, generation));
+    return this.takeSnapshot(ch, generation);
+  }
+
+  /** Runs `work` after what the log runs now. */
+  private serial(log: SseLog, work: () => Promise<void>): Promise<void> {
+    const run = log.busy.then(work);
+    log.busy = run.catch(() => undefined);
+    return run;
+  }
+
+  private async takeSnapshot(ch: Channel, generation: number): Promise<void> {
+    const user = ch.user;
+    if (ch.closed || generation !== ch.snapshots) return;
+    // SSE: the log's frames numbered after this one are built after these reads (`serial`), so they follow it.
     const n = ch.kind === 'sse' ? ++this.n : 0;
     let frame: string;
     try {
@@ -757,9 +776,14 @@ export class LiveHub {
     while (log.frames.length > this.cfg.sseReplayFrames) log.floor = log.frames.shift()!.n;
   }
 
-  private async flushSse(user: UserEntry, cache: Map<string, Promise<string | undefined>>): Promise<void> {
+  private flushSse(user: UserEntry, cache: Map<string, Promise<string | undefined>>): Promise<void> {
     const log = user.sse;
-    if (!log?.pending || this.users.get(user.id) !== user) return;
+    if (!log) return Promise.resolve();
+    return this.serial(log, () => this.buildSse(user, log, cache));
+  }
+
+  private async buildSse(user: UserEntry, log: SseLog, cache: Map<string, Promise<string | undefined>>): Promise<void> {
+    if (!log.pending || this.users.get(user.id) !== user) return;
     const pending = log.pending;
     log.pending = null;
     let built: Awaited<ReturnType<LiveHub['build']>>;

@@ -6,6 +6,7 @@
  * Sharing is not here: the second user simply does not see the device.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
+import type { BusEvent } from '../../bridge/events/bus.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, agentCli, startAgent } from '../support/agent.js';
 import { type ConfigOverrides, type HttpClient, type LiveBridge, engines, startLiveBridge } from '../support/bridge.js';
@@ -334,11 +335,11 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
       ),
     );
     // The same event twice in one turn (as a bridge that heard it from the bus and handled it too would).
-    const event = {
+    const event: BusEvent = {
       type: 'device.vars',
       deviceId: id,
       vars: [{ type: 's', name: 'once', change: 'version' }],
-    } as const;
+    };
     b.bridge.events.publish(event);
     b.bridge.events.publish(event);
     await u.post(`/0/devices/${id}/s/after`, { form: { value: 'x' } });
