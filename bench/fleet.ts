@@ -22,12 +22,11 @@ import { pino } from 'pino';
 import { safeUrl } from '../lib/url.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
 import { ensureDefaultFrontend } from '../bridge/frontends/default.js';
-import { hashSecret } from '../bridge/broker.js';
 import { openPostgresStore } from '../bridge/store/postgres/store.js';
 import { SqliteStore } from '../bridge/store/sqlite.js';
 import type { BridgeStore } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
-import { prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
+import { LogTally, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
 import {
   DEFAULT_SERVER_URL,
@@ -39,6 +38,7 @@ import {
 import { type ConnectReport, type PushReport, type SimDevice, SimFleet } from './support/fleet-sim.js';
 import { type ProbeRun, cookieOf, probe, send } from './support/http-load.js';
 import { ROOT, canConnect, readCpuMs, readRss, stopChild } from './support/processes.js';
+import { provisionDevice } from './support/seed.js';
 import { type Row, formatTable, percentile, round } from './support/report.js';
 
 const TARGET = {
@@ -60,8 +60,6 @@ const SCRYPT = { logN: 10, r: 8, p: 1 };
 /** The agent's default keepalive (agent/config.ts). */
 const KEEPALIVE_SEC = 30;
 const SETUP_TIMEOUT_MS = 30_000;
-/** What the simulator's hello reports, and so what a known device's `meta` already holds. */
-const HELLO_META = { platform: 'linux-arm64', fwversion: '2.4.1', agentversion: '0.1.0' };
 
 type Scenario = 'a' | 'b' | 'c';
 
@@ -244,26 +242,8 @@ async function seedStore(
   const seedChunk = (from: number) =>
     store.write(async ({ devices }) => {
       for (let i = from; i < Math.min(fleet.length, from + chunks.size); i++) {
-        const d = fleet[i]!;
         const t = now - 60_000;
-        await devices.enroll(d.id, hashSecret(d.secret), t);
-        await devices.setAuthcode(d.id, d.authcode);
-        if (i < own) await devices.claim(d.id, user.id, t + i);
-        await devices.setMeta(d.id, 'unique', d.id, t, 'device');
-        await devices.setMeta(d.id, 'platform', HELLO_META.platform, t, 'device');
-        await devices.setMeta(d.id, 'fwversion', HELLO_META.fwversion, t, 'device');
-        await devices.setMeta(d.id, 'agentversion', HELLO_META.agentversion, t, 'device');
-        for (const [name, value] of [
-          ['fwstate', 'idle'],
-          ['fwprogress', '0'],
-          ['fwname', ''],
-          ['fwerror', ''],
-          ['fwerrorcode', ''],
-        ] as const) {
-          await devices.setMeta(d.id, name, value, t, 'server');
-        }
-        await devices.setMeta(d.id, 'state', 'disconnected', t + 1, 'server');
-        await devices.setMeta(d.id, 'lastactivity', String(t), t, 'server', false);
+        await provisionDevice(devices, fleet[i]!, t, i < own ? user.id : undefined, t + i);
       }
     });
   let next = 0;
@@ -305,27 +285,6 @@ async function seedPostgres(url: string, dataDir: string, fleet: readonly SimDev
 }
 
 // ---- deployments ----
-
-/** The warnings and errors in a bridge's log (JSON lines, levels warn to fatal), counted as they come. */
-class LogTally {
-  count = 0;
-  readonly byEvent: Record<string, number> = {};
-  last: string | undefined;
-  private partial = '';
-
-  readonly feed = (chunk: Buffer): void => {
-    const lines = (this.partial + chunk.toString()).split('\n');
-    this.partial = lines.pop() ?? '';
-    for (const line of lines) {
-      // The bridge writes the level's label (lib/log.ts); pino's own numbers as well, for another logger.
-      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")[,}]/.test(line)) continue;
-      this.count++;
-      const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
-      this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
-      this.last = line.slice(0, 600);
-    }
-  };
-}
 
 /** What the simulator runs against: where devices connect, the REST API, and the processes measured. */
 interface Deployment {

@@ -122,6 +122,27 @@ export async function spawnBridgeProcess(
   };
 }
 
+/** The warnings and errors in a bridge's log (JSON lines, levels warn to fatal), counted as they come. */
+export class LogTally {
+  count = 0;
+  readonly byEvent: Record<string, number> = {};
+  last: string | undefined;
+  private partial = '';
+
+  readonly feed = (chunk: Buffer): void => {
+    const lines = (this.partial + chunk.toString()).split('\n');
+    this.partial = lines.pop() ?? '';
+    for (const line of lines) {
+      // The bridge writes the level's label (lib/log.ts); pino's own numbers as well, for another logger.
+      if (!/"level":(?:40|50|60|"warn"|"error"|"fatal")[,}]/.test(line)) continue;
+      this.count++;
+      const event = /"event":"([^"]*)"/.exec(line)?.[1] ?? '(no event)';
+      this.byEvent[event] = (this.byEvent[event] ?? 0) + 1;
+      this.last = line.slice(0, 600);
+    }
+  };
+}
+
 /**
  * The bare Fastify server (`bare-http-main.ts`), answering `userBody` on `GET /0/user/`, and the routes of
  * `routesFile` (a JSON object of path and body) when given.

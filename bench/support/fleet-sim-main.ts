@@ -336,10 +336,18 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
   let next = 0;
   let rr = 0;
   const downBefore = downItems;
+  // With stamped values: when each measured one was acknowledged, and each device's last value.
+  const ackedAt: Record<string, number> = {};
+  const lastValues: Record<string, string> = {};
+  const keyOf = (n: number, measured: boolean) => `${measured ? 'm' : 'w'}${init.index}.${n}`;
   pushRun = {
     acked(due, at) {
       ackedTotal++;
-      if (due >= from && due < to) latencies.push(at - due);
+      if (due >= from && due < to) {
+        latencies.push(at - due);
+        // Push n (from 1) was due at start + (n - 1) × interval.
+        if (req.stamp) ackedAt[keyOf(Math.round((due - start) / interval) + 1, true)] = performance.timeOrigin + at;
+      }
     },
   };
   for (const d of ready) d.pending ??= new Map();
@@ -359,6 +367,7 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
         ready: ready.length,
         lost,
         downItems: downItems - downBefore,
+        ...(req.stamp && { ackedAt, lastValues }),
       });
     };
     const drain = () => {
@@ -382,9 +391,16 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
         d.lastTime = time;
         d.pending!.set(time, due);
         d.varsTopic ??= Buffer.from(topicFor(d.spec.id, 'up/vars'));
-        write(d, publishPacket(d.varsTopic, pushPayload(time, String(next)), 1, nextPacketId(d)));
+        const measured = due >= from && due < to;
+        let value = String(next);
+        if (req.stamp) {
+          const key = keyOf(next, measured);
+          lastValues[d.spec.id] = key;
+          value = `${key}@${(performance.timeOrigin + due).toFixed(3)}`;
+        }
+        write(d, publishPacket(d.varsTopic, pushPayload(time, value), 1, nextPacketId(d)));
         sentTotal++;
-        if (due >= from && due < to) sent++;
+        if (measured) sent++;
       }
       if (next < total) setTimeout(tick, Math.max(0, start + next * interval - performance.now()));
       else drain();

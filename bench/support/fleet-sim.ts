@@ -32,7 +32,18 @@ export interface SimInit {
 
 export type SimRequest =
   | { op: 'connect'; window: number; timeoutMs: number; attempts: number }
-  | { op: 'push'; rate: number; warmupMs: number; durationMs: number; drainMs: number }
+  | {
+      op: 'push';
+      rate: number;
+      warmupMs: number;
+      durationMs: number;
+      drainMs: number;
+      /**
+       * Each pushed value names itself and when it was due (`m<proc>.<n>@<epoch ms>`, `w` instead of `m` in the
+       * warm-up), so that whoever sees it later can time it: the live benchmark's WebSocket clients.
+       */
+      stamp?: boolean;
+    }
   | { op: 'disconnect' };
 
 export interface ConnectReport {
@@ -67,11 +78,15 @@ export interface PushReport {
   lost: number;
   /** `down/vars` items received and acknowledged (pushes from the cloud: a re-stamp or a catch-up). */
   downItems: number;
+  /** With `stamp`: when each measured value (`m<proc>.<n>`) was acknowledged (epoch ms), and each device's last value. */
+  ackedAt?: Record<string, number>;
+  lastValues?: Record<string, string>;
 }
 
 type Reply = { seq: number; ok: true; result: unknown } | { seq: number; ok: false; error: string };
 
-class SimChild {
+/** A child process driven over IPC: each request gets the reply with its sequence number. */
+export class SimChild<R extends object = SimRequest> {
   private seq = 0;
   private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
   private exited: Error | undefined;
@@ -91,7 +106,7 @@ class SimChild {
     });
   }
 
-  request<T>(req: SimRequest): Promise<T> {
+  request<T>(req: R): Promise<T> {
     if (this.exited) return Promise.reject(this.exited);
     const seq = ++this.seq;
     return new Promise<T>((resolve, reject) => {
@@ -162,10 +177,10 @@ export class SimFleet {
   }
 
   /** Pushes at `rate` a second in all, spread evenly over the processes and their devices. */
-  async push(rate: number, warmupMs: number, durationMs: number, drainMs: number): Promise<PushReport> {
+  async push(rate: number, warmupMs: number, durationMs: number, drainMs: number, stamp = false): Promise<PushReport> {
     const per = rate / this.children.length;
     const parts = await Promise.all(
-      this.children.map((c) => c.request<PushReport>({ op: 'push', rate: per, warmupMs, durationMs, drainMs })),
+      this.children.map((c) => c.request<PushReport>({ op: 'push', rate: per, warmupMs, durationMs, drainMs, stamp })),
     );
     return {
       sent: sum(parts, (p) => p.sent),
@@ -178,6 +193,10 @@ export class SimFleet {
       ready: sum(parts, (p) => p.ready),
       lost: sum(parts, (p) => p.lost),
       downItems: sum(parts, (p) => p.downItems),
+      ...(stamp && {
+        ackedAt: Object.assign({}, ...parts.map((p) => p.ackedAt)) as Record<string, number>,
+        lastValues: Object.assign({}, ...parts.map((p) => p.lastValues)) as Record<string, string>,
+      }),
     };
   }
 
