@@ -122,6 +122,10 @@ cp -PR node_modules/.bin node_modules/.package-lock.json "$stage/node_modules/"
 # npm then works out what a production install holds from the lockfile and removes the rest; nothing is fetched,
 # and no install script runs, so the native modules stay as built by `npm ci` on this machine.
 (cd "$stage" && npm prune --omit=dev --offline --ignore-scripts --no-audit --no-fund --loglevel=error >&2)
+# Optional peers that a development dependency brought in stay after the prune (npm marks them devOptional): ws's
+# native speed-ups (bufferutil, utf-8-validate) come with prebuilt binaries for other systems. ws works without them,
+# so the release leaves them out.
+for optional in bufferutil utf-8-validate node-gyp-build; do rm -rf "$stage/node_modules/$optional"; done
 # Fails when a production dependency is missing from the checkout's node_modules (an out-of-date npm install).
 (cd "$stage" && npm ls --omit=dev --all --offline --loglevel=error >/dev/null) ||
   die "production dependencies are missing or invalid in node_modules: run npm ci and try again"
