@@ -16,12 +16,15 @@
  *   keep coalescing. It is closed (4008) once it has stalled for `live.maxLagMs` or holds more than
  *   `live.maxPendingKeys` keys (an SSE stream: once it falls behind its user's log).
  * - One interval for the whole hub pings every channel; no timer per idle channel.
+ * - A channel ends (4001) with its session, or, opened with a bearer access token, with that token: `session.ended`
+ *   names the session's hash, the token's number, or neither (every channel of the user).
  */
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '../../lib/log.js';
 import type { BridgeConfig } from '../config.js';
 import type { DeliveredEvent, EventBus } from '../events/bus.js';
 import type { BridgeStore } from '../store/types.js';
+import type { LiveIdentity } from './auth.js';
 import { claimedFrame, deltaFrame, deltaRecord, devicesFrame, liveDeviceJson, removedFrame } from './frames.js';
 
 export type ChannelKind = 'ws' | 'sse';
@@ -114,8 +117,10 @@ export class Channel {
   constructor(
     readonly kind: ChannelKind,
     readonly user: UserEntry,
-    /** The stored hash of the session it was opened with; none for a token. */
+    /** The stored hash of the session it was opened with; none for a bearer token. */
     readonly idHash: string | undefined,
+    /** The number of the access token it was opened with as a bearer token; none for a session. */
+    readonly tokenId: number | undefined,
     readonly address: string,
     readonly sink: Sink,
   ) {}
@@ -195,16 +200,10 @@ export class LiveHub {
    * An SSE stream with `resumeAfter` (its `Last-Event-ID`) is sent the frames after it instead, when this bridge
    * still has them.
    */
-  open(
-    kind: ChannelKind,
-    userId: number,
-    idHash: string | undefined,
-    address: string,
-    sink: Sink,
-    resumeAfter?: string,
-  ): Channel {
+  open(kind: ChannelKind, who: LiveIdentity, address: string, sink: Sink, resumeAfter?: string): Channel {
+    const userId = who.user.id;
     const user = this.userEntry(userId);
-    const ch = new Channel(kind, user, idHash, address, sink);
+    const ch = new Channel(kind, user, who.idHash, who.tokenId, address, sink);
     user.channels.add(ch);
     user.lingerUntil = 0;
     this.channels.add(ch);
@@ -452,8 +451,11 @@ export class LiveHub {
         if (e.userId === null) return;
         const user = this.users.get(e.userId);
         if (!user) return;
+        // One session (a logout), the channels of one access token (revoked), or all of the user's (a password reset).
         for (const ch of [...user.channels]) {
-          if (e.idHash === undefined || ch.idHash === e.idHash) this.end(ch, 'session');
+          const ends =
+            e.idHash !== undefined ? ch.idHash === e.idHash : e.tokenId !== undefined ? ch.tokenId === e.tokenId : true;
+          if (ends) this.end(ch, 'session');
         }
         return;
       }
