@@ -17,7 +17,8 @@
  *   `live.maxPendingKeys` keys (an SSE stream: once it falls behind its user's log).
  * - One interval for the whole hub pings every channel; no timer per idle channel.
  * - A channel ends (4001) with its session, or, opened with a bearer access token, with that token: `session.ended`
- *   names the session's hash, the token's number, or neither (every channel of the user).
+ *   names the session's hash, the token's number, or neither (every channel of the user). Those it names are
+ *   remembered a minute, so that a channel whose handshake was under way then is closed as it opens.
  */
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '../../lib/log.js';
@@ -140,6 +141,14 @@ export interface HubDeps {
 }
 
 type VarType = 'd' | 's' | 'meta';
+
+/**
+ * How long, and how many, ended sessions and revoked tokens the hub remembers: a channel authenticated just before
+ * its session ended or its token was revoked (the event came during its handshake) is closed as it opens. Session
+ * hashes and token numbers are never given again, so remembering one wrongs no later channel.
+ */
+const ENDED_MEMORY_MS = 60_000;
+const ENDED_MEMORY_MAX = 10_000;
 const ALWAYS = ['meta:lastactivity', 'meta:state'];
 
 export class LiveHub {
@@ -157,6 +166,8 @@ export class LiveHub {
   private n = 0;
   readonly tag = randomBytes(4).toString('hex');
   private stopped = false;
+  /** Sessions and access tokens ended lately, and when: see `rememberEnded`. */
+  private readonly ended = new Map<string, number>();
   readonly figures: LiveFigures = {
     open: { ws: 0, sse: 0 },
     frames: { ws: { devices: 0, delta: 0, events: 0 }, sse: { devices: 0, delta: 0, events: 0 } },
@@ -211,6 +222,11 @@ export class LiveHub {
     // Its handshake began before the bridge began to stop.
     if (this.stopped) {
       this.end(ch, 'shutdown');
+      return ch;
+    }
+    // Its session ended, or its token was revoked, after it was authenticated and before it opened.
+    if (this.endedLately(who)) {
+      this.end(ch, 'session');
       return ch;
     }
     this.startTicker();
@@ -291,6 +307,24 @@ export class LiveHub {
     for (const ch of [...this.channels]) this.end(ch, 'shutdown');
     for (const user of [...this.users.values()]) this.dropUser(user);
     this.stopTicker();
+  }
+
+  /** A session (`s:<idHash>`) or access token (`t:<id>`) that just ended: remembered `ENDED_MEMORY_MS`. */
+  private rememberEnded(key: string): void {
+    const now = performance.now();
+    this.ended.delete(key);
+    this.ended.set(key, now);
+    // Oldest first: what is too old, or over the bound, goes from the front.
+    for (const [k, at] of this.ended) {
+      if (now - at <= ENDED_MEMORY_MS && this.ended.size <= ENDED_MEMORY_MAX) break;
+      this.ended.delete(k);
+    }
+  }
+
+  private endedLately(who: LiveIdentity): boolean {
+    const key = who.idHash !== undefined ? `s:${who.idHash}` : who.tokenId !== undefined ? `t:${who.tokenId}` : '';
+    const at = this.ended.get(key);
+    return at !== undefined && performance.now() - at <= ENDED_MEMORY_MS;
   }
 
   // ---- users and their devices ----
@@ -449,6 +483,8 @@ export class LiveHub {
       }
       case 'session.ended': {
         if (e.userId === null) return;
+        if (e.idHash !== undefined) this.rememberEnded(`s:${e.idHash}`);
+        else if (e.tokenId !== undefined) this.rememberEnded(`t:${e.tokenId}`);
         const user = this.users.get(e.userId);
         if (!user) return;
         // One session (a logout), the channels of one access token (revoked), or all of the user's (a password reset).

@@ -6,7 +6,7 @@
  * Sharing (decision 23) moves devices in and out of a user's channels like a claim and an unregister. A channel may
  * be opened with an access token as `Authorization: Bearer <token>` (decision 30) instead of a cookie.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { outboxDir } from '../../bridge/config.js';
@@ -507,6 +507,31 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
       expect(b.sink.events('live.refused').map((e) => e.reason)).toEqual(['token', 'token_rate', 'token_rate']);
     },
   );
+
+  onSqlite('closes a channel whose session ended or token was revoked while its handshake was under way', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'handshake@example.com');
+    const token = (await u.post('/0/user/accesstoken')).body;
+    const [{ id: tokenId }] = JSON.parse((await u.get('/0/user/accesstoken')).body) as [{ id: number }];
+    const userId = (await b.bridge.store.userByLogin(b.bridge.defaultFrontend.id, 'handshake@example.com'))!.id;
+    // The events as they would come between the check of the credentials and the channel's opening: the session
+    // and the token are still valid in the store, as they were when the handshake checked them.
+    b.bridge.events.publish({ type: 'session.ended', userId, tokenId });
+    b.bridge.events.publish({
+      type: 'session.ended',
+      userId,
+      idHash: createHash('sha256').update(u.sid!).digest('hex'),
+    });
+    const byToken = await open('', { headers: { authorization: `Bearer ${token}` } });
+    const byCookie = await open(cookie);
+    expect(await byToken.closed).toEqual({ code: 4001, reason: 'session ended' });
+    expect(await byCookie.closed).toEqual({ code: 4001, reason: 'session ended' });
+    // Another token of the user is not concerned.
+    const other = (await u.post('/0/user/accesstoken')).body;
+    const fine = await open('', { headers: { authorization: `Bearer ${other}` } });
+    await fine.next((m) => m.devices, 'the snapshot');
+  });
 
   onSqlite('sends a change that reaches the channel twice once', async () => {
     const b = await start();
