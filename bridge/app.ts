@@ -88,7 +88,14 @@ export function buildApp(deps: AppDeps): FastifyInstance {
 
   const link = deps.link ?? new LinkMonitor(now);
   // The live channel follows the bus: WebSocket upgrades on the app's server, and `GET /0/events`.
-  const live = registerLive(app, { config, store: deps.store, events, log, now });
+  const live = registerLive(app, {
+    config,
+    store: deps.store,
+    events,
+    log,
+    now,
+    tokenLimiter: ctx.limits.accessTokenByAddress,
+  });
   // Before the routes: its hook counts every request.
   const metrics = metricsRoutes(app, { config, store: deps.store, devices, link, live: live.hub.figures });
   server.register([

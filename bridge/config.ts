@@ -338,7 +338,10 @@ export const BridgeConfigSchema = z
         signup: limit(20, 3_600_000),
         resend: limit(5, 3_600_000),
         recover: limit(5, 3_600_000),
-        /** Decision 30: `POST /0/session/` with a `token`, per client address (every attempt counts). */
+        /**
+         * Decision 30: `POST /0/session/` with a `token`, and live channels opened with a bearer token (decision
+         * 31), per client address together (every attempt counts).
+         */
         accessToken: limit(30, 60_000),
       })
       .strict()

@@ -202,8 +202,13 @@ function queryParameters(query: z.ZodObject | undefined, device: boolean): Json[
 }
 
 function operation(route: Route): Json {
+  const bearer = route.bearer ? [{ bearer: [] }] : [];
   const security =
-    route.session === 'required' ? [{ sid: [] }] : route.session === 'optional' ? [{}, { sid: [] }] : undefined;
+    route.session === 'required'
+      ? [{ sid: [] }, ...bearer]
+      : route.session === 'optional'
+        ? [{}, { sid: [] }, ...bearer]
+        : undefined;
   const body = route.form
     ? {
         requestBody: {
@@ -326,6 +331,13 @@ export function buildOpenApi(config: BridgeConfig, routes: readonly Route[]): Js
           description:
             'Set by `POST /0/session/`, `login` and `signup`: 256 random bits, base64url. A new value on login, ' +
             'signup and logout.',
+        },
+        bearer: {
+          type: 'http',
+          scheme: 'bearer',
+          description:
+            'An access token (`POST /0/user/accesstoken`, decision 30), where a route says so (the live channel): ' +
+            'the user it was made for.',
         },
       },
       parameters: {

@@ -37,7 +37,10 @@ export interface Limits {
   resendByLogin: AttemptLimiter;
   recoverByAddress: AttemptLimiter;
   recoverByLogin: AttemptLimiter;
-  /** Access tokens presented to `POST /0/session/`, per address: guessing one is held back (decision 30). */
+  /**
+   * Access tokens presented to `POST /0/session/` or as a live channel's bearer token, per address: guessing one is
+   * held back (decisions 30, 31).
+   */
   accessTokenByAddress: AttemptLimiter;
 }
 

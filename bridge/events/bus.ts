@@ -60,9 +60,16 @@ export const BusEvent = z.discriminatedUnion('type', [
   z.object({ type: z.literal('frontend.changed'), id: z.string() }),
   /**
    * Sessions ended: with `idHash` (the stored sha256, never the cookie's value) that one session, whose user is
-   * `userId` (null: anonymous); without it, every session of `userId` (a password reset).
+   * `userId` (null: anonymous); with `tokenId` and no `idHash`, the access token of that number was revoked, and
+   * the live channels opened with it as a bearer token end (the sessions it started have events of their own);
+   * with neither, every session of `userId` (a password reset).
    */
-  z.object({ type: z.literal('session.ended'), userId: z.number().int().nullable(), idHash: z.string().optional() }),
+  z.object({
+    type: z.literal('session.ended'),
+    userId: z.number().int().nullable(),
+    idHash: z.string().optional(),
+    tokenId: z.number().int().optional(),
+  }),
   /** A command moved to `state` (as the writer knows it: read the store for the record). */
   z.object({
     type: z.literal('command.changed'),

@@ -58,6 +58,8 @@ export interface Route {
   description: string;
   /** required: the route needs a session; optional: the route uses one when there is one. The handler decides. */
   session?: 'required' | 'optional';
+  /** An access token as `Authorization: Bearer <token>` (decision 30) may stand for the session (the live channel). */
+  bearer?: boolean;
   /** The body token this route answers for missing or malformed input, also when Fastify refuses the body (decision 4). */
   failToken?: ErrorCode;
   /**

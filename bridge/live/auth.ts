@@ -1,13 +1,16 @@
 /**
  * Who opens a live channel (docs/api.md, "Live channel"): the frontend of the request, as for every route
- * (decision 15), and its user, from the first authenticator that knows the request. Today that is the session
- * cookie (decisions 1 to 3); an access token presented as `Authorization: Bearer <token>` is a second authenticator
- * in the same list. An anonymous session opens no channel (decision 31).
+ * (decision 15), and its user, from the first authenticator that knows the request: the session cookie (decisions
+ * 1 to 3), then an access token presented as `Authorization: Bearer <token>` (decision 30). An anonymous session
+ * opens no channel (decision 31).
  */
 import type { IncomingMessage } from 'node:http';
 import type { FastifyRequest } from 'fastify';
+import type { AttemptLimiter } from '../accounts/ratelimit.js';
 import type { BridgeConfig } from '../config.js';
+import { ApiError } from '../errors.js';
 import { resolveFrontend } from '../frontends/resolve.js';
+import { accessTokenOwner } from '../sessions/accesstokens.js';
 import { readSession } from '../sessions/cookie.js';
 import type { BridgeStore, Frontend, User } from '../store/types.js';
 
@@ -15,6 +18,8 @@ export interface LiveIdentity {
   user: User;
   /** The stored hash of the session, when a session cookie opened it: its end (logout) closes the channel. */
   idHash?: string;
+  /** The number of the access token, when a bearer token opened it: its revocation closes the channel. */
+  tokenId?: number;
 }
 
 /** Reads a request's credentials in a frontend; `undefined` when they are not its kind or name no user. */
@@ -40,6 +45,40 @@ export function cookieAuthenticator(deps: AuthDeps): LiveAuthenticator {
     const found = await readSession(asRoutedRequest(req), deps.store, deps.config, deps.now());
     if (!found?.user || found.session.frontendId !== frontend.id) return undefined;
     return { user: found.user, idHash: found.session.idHash };
+  };
+}
+
+/** The token of an `Authorization: Bearer <token>` header (the scheme's name in any case), else `undefined`. */
+export function bearerToken(req: IncomingMessage): string | undefined {
+  const h = req.headers.authorization;
+  if (typeof h !== 'string') return undefined;
+  const m = /^bearer[ \t]+(\S+)[ \t]*$/i.exec(h);
+  return m ? m[1] : undefined;
+}
+
+export interface BearerDeps extends AuthDeps {
+  /**
+   * Counts each bearer attempt per client address: the limiter `POST /0/session/` counts its token attempts with
+   * (`rateLimits.accessToken`), so that guessing through either is held back together.
+   */
+  limiter?: AttemptLimiter;
+}
+
+/**
+ * An access token as `Authorization: Bearer <token>` (decision 30): its user, when the token is valid in this
+ * frontend; its last use is stamped. Over the attempt limit it throws `too-many-requests` (429, before the token is
+ * looked at). The token itself is never logged.
+ */
+export function bearerAuthenticator(deps: BearerDeps): LiveAuthenticator {
+  return async (req, frontend) => {
+    const text = bearerToken(req);
+    if (text === undefined) return undefined;
+    if (deps.limiter) {
+      const r = await deps.limiter.take(clientAddress(req, deps.config));
+      if (!r.ok) throw new ApiError('too-many-requests', r.retryAfterMs);
+    }
+    const owner = await deps.store.write((tx) => accessTokenOwner(tx, text, frontend.id, deps.now()));
+    return owner ? { user: owner.user, tokenId: owner.token.id } : undefined;
   };
 }
 

@@ -16,12 +16,16 @@
  *   keep coalescing. It is closed (4008) once it has stalled for `live.maxLagMs` or holds more than
  *   `live.maxPendingKeys` keys (an SSE stream: once it falls behind its user's log).
  * - One interval for the whole hub pings every channel; no timer per idle channel.
+ * - A channel ends (4001) with its session, or, opened with a bearer access token, with that token: `session.ended`
+ *   names the session's hash, the token's number, or neither (every channel of the user). Those it names are
+ *   remembered a minute, so that a channel whose handshake was under way then is closed as it opens.
  */
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '../../lib/log.js';
 import type { BridgeConfig } from '../config.js';
 import type { DeliveredEvent, EventBus } from '../events/bus.js';
 import type { BridgeStore } from '../store/types.js';
+import type { LiveIdentity } from './auth.js';
 import { claimedFrame, deltaFrame, deltaRecord, devicesFrame, liveDeviceJson, removedFrame } from './frames.js';
 
 export type ChannelKind = 'ws' | 'sse';
@@ -114,8 +118,10 @@ export class Channel {
   constructor(
     readonly kind: ChannelKind,
     readonly user: UserEntry,
-    /** The stored hash of the session it was opened with; none for a token. */
+    /** The stored hash of the session it was opened with; none for a bearer token. */
     readonly idHash: string | undefined,
+    /** The number of the access token it was opened with as a bearer token; none for a session. */
+    readonly tokenId: number | undefined,
     readonly address: string,
     readonly sink: Sink,
   ) {}
@@ -135,6 +141,14 @@ export interface HubDeps {
 }
 
 type VarType = 'd' | 's' | 'meta';
+
+/**
+ * How long, and how many, ended sessions and revoked tokens the hub remembers: a channel authenticated just before
+ * its session ended or its token was revoked (the event came during its handshake) is closed as it opens. Session
+ * hashes and token numbers are never given again, so remembering one wrongs no later channel.
+ */
+const ENDED_MEMORY_MS = 60_000;
+const ENDED_MEMORY_MAX = 10_000;
 const ALWAYS = ['meta:lastactivity', 'meta:state'];
 
 export class LiveHub {
@@ -152,6 +166,8 @@ export class LiveHub {
   private n = 0;
   readonly tag = randomBytes(4).toString('hex');
   private stopped = false;
+  /** Sessions and access tokens ended lately, and when: see `rememberEnded`. */
+  private readonly ended = new Map<string, number>();
   readonly figures: LiveFigures = {
     open: { ws: 0, sse: 0 },
     frames: { ws: { devices: 0, delta: 0, events: 0 }, sse: { devices: 0, delta: 0, events: 0 } },
@@ -195,16 +211,10 @@ export class LiveHub {
    * An SSE stream with `resumeAfter` (its `Last-Event-ID`) is sent the frames after it instead, when this bridge
    * still has them.
    */
-  open(
-    kind: ChannelKind,
-    userId: number,
-    idHash: string | undefined,
-    address: string,
-    sink: Sink,
-    resumeAfter?: string,
-  ): Channel {
+  open(kind: ChannelKind, who: LiveIdentity, address: string, sink: Sink, resumeAfter?: string): Channel {
+    const userId = who.user.id;
     const user = this.userEntry(userId);
-    const ch = new Channel(kind, user, idHash, address, sink);
+    const ch = new Channel(kind, user, who.idHash, who.tokenId, address, sink);
     user.channels.add(ch);
     user.lingerUntil = 0;
     this.channels.add(ch);
@@ -212,6 +222,11 @@ export class LiveHub {
     // Its handshake began before the bridge began to stop.
     if (this.stopped) {
       this.end(ch, 'shutdown');
+      return ch;
+    }
+    // Its session ended, or its token was revoked, after it was authenticated and before it opened.
+    if (this.endedLately(who)) {
+      this.end(ch, 'session');
       return ch;
     }
     this.startTicker();
@@ -292,6 +307,24 @@ export class LiveHub {
     for (const ch of [...this.channels]) this.end(ch, 'shutdown');
     for (const user of [...this.users.values()]) this.dropUser(user);
     this.stopTicker();
+  }
+
+  /** A session (`s:<idHash>`) or access token (`t:<id>`) that just ended: remembered `ENDED_MEMORY_MS`. */
+  private rememberEnded(key: string): void {
+    const now = performance.now();
+    this.ended.delete(key);
+    this.ended.set(key, now);
+    // Oldest first: what is too old, or over the bound, goes from the front.
+    for (const [k, at] of this.ended) {
+      if (now - at <= ENDED_MEMORY_MS && this.ended.size <= ENDED_MEMORY_MAX) break;
+      this.ended.delete(k);
+    }
+  }
+
+  private endedLately(who: LiveIdentity): boolean {
+    const key = who.idHash !== undefined ? `s:${who.idHash}` : who.tokenId !== undefined ? `t:${who.tokenId}` : '';
+    const at = this.ended.get(key);
+    return at !== undefined && performance.now() - at <= ENDED_MEMORY_MS;
   }
 
   // ---- users and their devices ----
@@ -450,10 +483,15 @@ export class LiveHub {
       }
       case 'session.ended': {
         if (e.userId === null) return;
+        if (e.idHash !== undefined) this.rememberEnded(`s:${e.idHash}`);
+        else if (e.tokenId !== undefined) this.rememberEnded(`t:${e.tokenId}`);
         const user = this.users.get(e.userId);
         if (!user) return;
+        // One session (a logout), the channels of one access token (revoked), or all of the user's (a password reset).
         for (const ch of [...user.channels]) {
-          if (e.idHash === undefined || ch.idHash === e.idHash) this.end(ch, 'session');
+          const ends =
+            e.idHash !== undefined ? ch.idHash === e.idHash : e.tokenId !== undefined ? ch.tokenId === e.tokenId : true;
+          if (ends) this.end(ch, 'session');
         }
         return;
       }

@@ -5,11 +5,12 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from '../../lib/log.js';
+import type { AttemptLimiter } from '../accounts/ratelimit.js';
 import type { BridgeConfig } from '../config.js';
 import type { EventBus } from '../events/bus.js';
 import type { Route } from '../http/route.js';
 import type { BridgeStore } from '../store/types.js';
-import { type LiveAuthenticator, cookieAuthenticator } from './auth.js';
+import { type LiveAuthenticator, bearerAuthenticator, cookieAuthenticator } from './auth.js';
 import { LiveHub } from './hub.js';
 import { sseRoutes } from './sse.js';
 import { serveWebSockets } from './ws.js';
@@ -20,7 +21,9 @@ export interface LiveDeps {
   events: EventBus;
   log: Logger;
   now: () => number;
-  /** Who may open a channel, tried in order; the session cookie's by default. */
+  /** Counts bearer-token attempts per client address (`rateLimits.accessToken`, with `POST /0/session/`'s). */
+  tokenLimiter?: AttemptLimiter;
+  /** Who may open a channel, tried in order; by default the session cookie, then a bearer access token. */
   authenticators?: readonly LiveAuthenticator[];
 }
 
@@ -31,7 +34,10 @@ export interface Live {
 
 export function registerLive(app: FastifyInstance, deps: LiveDeps): Live {
   const { config, store, events, log } = deps;
-  const authenticators = deps.authenticators ?? [cookieAuthenticator({ store, config, now: deps.now })];
+  const authenticators = deps.authenticators ?? [
+    cookieAuthenticator({ store, config, now: deps.now }),
+    bearerAuthenticator({ store, config, now: deps.now, limiter: deps.tokenLimiter }),
+  ];
   const hub = new LiveHub({ store, events, config, log });
   const stopUpgrades = serveWebSockets(app.server, { hub, store, config, log, authenticators });
   app.addHook('preClose', (done) => {

@@ -10,9 +10,10 @@ import type { ServerResponse } from 'node:http';
 import type { FastifyRequest } from 'fastify';
 import type { BridgeConfig } from '../config.js';
 import type { Logger } from '../../lib/log.js';
+import { isApiError } from '../errors.js';
 import { NO_SESSION, token } from '../http/outcomes.js';
 import type { Route } from '../http/route.js';
-import { type LiveAuthenticator, authenticate, clientAddress } from './auth.js';
+import { type LiveAuthenticator, authenticate, bearerToken, clientAddress } from './auth.js';
 import type { FrameKind, LiveHub, Sink } from './hub.js';
 
 export const EVENTS_PATH = '/0/events';
@@ -70,21 +71,39 @@ export function sseRoutes(deps: SseDeps): Route[] {
         '`event: devices` with every device object, then `event: delta` with the records that changed and ' +
         '`event: events` with claims and removals, each `data:` one JSON line with an `id:`. `Last-Event-ID` ' +
         `resumes after that frame while this bridge still has it (the last ${config.live.sseReplayFrames} frames ` +
-        'of the user); otherwise the stream starts with a snapshot. `: ping` every ' +
+        "of the user); otherwise the stream starts with a snapshot. The user is the session cookie's, or an " +
+        "access token's sent as `Authorization: Bearer <token>` (decision 30): the stream ends (`event: close`, " +
+        '4001) when the token is revoked. `: ping` every ' +
         `${config.live.pingMs} ms. At most ${config.live.maxPerUser} live channels per user and ` +
         `${config.live.maxPerAddress} per client address.`,
       session: 'required',
+      bearer: true,
       responses: {
         200: { description: 'The stream; it stays open.', eventStream: true },
         401: NO_SESSION,
         429: {
-          description: 'The user, or the client address, already holds as many live channels as the bridge allows.',
+          description:
+            'The user, or the client address, already holds as many live channels as the bridge allows; or the ' +
+            'address presented too many bearer access tokens (`rateLimits.accessToken`).',
           tokens: [token('too-many-requests')],
         },
       },
       handler: async (req, reply) => {
-        const who = await authenticate(deps.authenticators, req.raw, req.frontend);
-        if (!who) return reply.code(401).type('text/plain; charset=utf-8').send(token('no-session'));
+        let who;
+        try {
+          who = await authenticate(deps.authenticators, req.raw, req.frontend);
+        } catch (err) {
+          // Too many bearer-token attempts from this address: 429, as the channel limits answer.
+          if (!isApiError(err) || err.code !== 'too-many-requests') throw err;
+          deps.log.info({ event: 'live.refused', kind: 'sse', status: 429, reason: 'token_rate' });
+          return reply.code(429).type('text/plain; charset=utf-8').send(token('too-many-requests'));
+        }
+        if (!who) {
+          if (bearerToken(req.raw) !== undefined) {
+            deps.log.info({ event: 'live.refused', kind: 'sse', status: 401, reason: 'token' });
+          }
+          return reply.code(401).type('text/plain; charset=utf-8').send(token('no-session'));
+        }
         // `HEAD` (which every `GET` route answers): the head of the stream, and no stream.
         if (req.method === 'HEAD') return reply.code(200).type('text/event-stream; charset=utf-8').send('');
         const address = clientAddress(req.raw, config);
@@ -109,7 +128,7 @@ export function sseRoutes(deps: SseDeps): Route[] {
         });
         // How long an EventSource waits before it reconnects, ms.
         res.write('retry: 2000\n\n');
-        const ch = hub.open('sse', who.user.id, who.idHash, address, new SseSink(res), lastEventId(req));
+        const ch = hub.open('sse', who, address, new SseSink(res), lastEventId(req));
         res.once('close', () => hub.closed(ch));
         return reply;
       },

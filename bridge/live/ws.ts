@@ -2,8 +2,8 @@
  * The WebSocket live channel (docs/api.md, "Live channel"), as the official client speaks it: `GET /0/session/` or
  * `/0/session/<app>`, upgraded with the subprotocol `thsq-user`. Everything that can be refused is refused with a
  * plain HTTP answer before the upgrade: another path 404, no `thsq-user` 400 `protocol-fail`, a page of another
- * site 403 `origin-fail`, an unknown frontend 404 `not found`, no logged-in user 401 `no-session`, over a limit
- * 429 `too-many-requests`.
+ * site 403 `origin-fail`, an unknown frontend 404 `not found`, no logged-in user (no session cookie of one, no valid
+ * bearer access token) 401 `no-session`, over a limit 429 `too-many-requests`.
  *
  * Each socket's listeners are shared functions that find their channel on the socket: an idle channel holds no
  * closure of its own.
@@ -15,7 +15,15 @@ import type { Logger } from '../../lib/log.js';
 import type { BridgeConfig } from '../config.js';
 import { allowedOrigins, judgeOrigin } from '../sessions/origin.js';
 import type { BridgeStore } from '../store/types.js';
-import { type LiveAuthenticator, asRoutedRequest, authenticate, clientAddress, liveFrontend } from './auth.js';
+import { isApiError } from '../errors.js';
+import {
+  type LiveAuthenticator,
+  asRoutedRequest,
+  authenticate,
+  bearerToken,
+  clientAddress,
+  liveFrontend,
+} from './auth.js';
 import type { Channel, FrameKind, LiveHub, Sink } from './hub.js';
 
 export const SUBPROTOCOL = 'thsq-user';
@@ -140,12 +148,13 @@ export function serveWebSockets(server: Server, deps: WsDeps): () => void {
       if (!frontend) return why(404, 'frontend', 'not found');
       who = await authenticate(deps.authenticators, req, frontend);
     } catch (err) {
+      // Too many bearer-token attempts from this address.
+      if (isApiError(err) && err.code === 'too-many-requests') return why(429, 'token_rate', 'too-many-requests');
       log.error({ event: 'live.failed', kind: 'ws', err: String(err) });
       return refuse(socket, 500, 'internal-error');
     }
-    if (!who) return why(401, 'session', 'no-session');
+    if (!who) return why(401, bearerToken(req) === undefined ? 'session' : 'token', 'no-session');
     const userId = who.user.id;
-    const idHash = who.idHash;
     const address = clientAddress(req, config);
     const limit = hub.reserve(userId, address);
     if (limit) return why(429, limit === 'user' ? 'per_user' : 'per_address', 'too-many-requests');
@@ -159,7 +168,7 @@ export function serveWebSockets(server: Server, deps: WsDeps): () => void {
       ws.on('close', onClose);
       ws.on('error', onError);
       ws[ALIVE] = true;
-      ws[CHANNEL] = hub.open('ws', userId, idHash, address, new WsSink(ws));
+      ws[CHANNEL] = hub.open('ws', who, address, new WsSink(ws));
     });
   }
 

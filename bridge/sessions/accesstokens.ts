@@ -3,8 +3,9 @@
  * or a script, which `POST /0/session/` with `token` turns into a logged-in session of the user (the official
  * client's `init({token})`). A token is 256 random bits, shown once when made, stored only as its sha256 with a
  * short prefix to recognise it by, its creation and its last use. A user holds at most
- * `accounts.accessTokensPerUser`. Revoking one ends the sessions it started (each announced as `session.ended`); a
- * password reset revokes them all. A session started with a token may not make more tokens, so that revoking a
+ * `accounts.accessTokensPerUser`. Revoking one ends the sessions it started (each announced as `session.ended`) and
+ * the live channels opened with it as a bearer token (one more `session.ended`, with its `tokenId`); a password
+ * reset revokes them all. A session started with a token may not make more tokens, so that revoking a
  * leaked token is the end of it.
  */
 import { randomBytes } from 'node:crypto';
@@ -146,7 +147,8 @@ export function accessTokenRoutes(ctx: RouteContext): Route[] {
       summary: 'Revoke an access token',
       description:
         'Decision 30. `{token}` is the token itself, or its number from `GET /0/user/accesstoken`. The token stops ' +
-        'working, and every session it started ends (a live channel on one closes).',
+        'working, every session it started ends, and the live channels on them or opened with the token as ' +
+        '`Authorization: Bearer` close (4001).',
       session: 'required',
       failToken: 'accesstoken-fail',
       responses: {
@@ -167,6 +169,8 @@ export function accessTokenRoutes(ctx: RouteContext): Route[] {
         const gone = await store.write((tx) => tx.deleteAccessToken(user.id, which));
         if (!gone) throw new ApiError('accesstoken-fail');
         for (const idHash of gone.sessions) events.publish({ type: 'session.ended', idHash, userId: user.id });
+        // And the live channels opened with it as a bearer token (decision 31).
+        events.publish({ type: 'session.ended', userId: user.id, tokenId: gone.token.id });
         log.info({
           event: 'accesstoken.revoked',
           userId: user.id,

@@ -152,7 +152,7 @@ describe.each(await engines())('access tokens on %s', (engine) => {
     await makeToken(kiosk);
   });
 
-  it('revoking ends the token and every session it started, each announced as session.ended', async () => {
+  it('revoking ends the token and every session it started, each announced as session.ended, and its live channels', async () => {
     const { b, events } = await bridge(engine);
     const alice = await signup(b, 'alice@example.com');
     const [token, other] = [await makeToken(alice), await makeToken(alice)];
@@ -168,9 +168,11 @@ describe.each(await engines())('access tokens on %s', (engine) => {
       expect.arrayContaining([
         { type: 'session.ended', idHash: sha256(k1.sid!), userId: ended.userId },
         { type: 'session.ended', idHash: sha256(k2.sid!), userId: ended.userId },
+        // The live channels opened with it as a bearer token (decision 31).
+        { type: 'session.ended', userId: ended.userId, tokenId: ended.accessTokenId },
       ]),
     );
-    expect(events).toHaveLength(2);
+    expect(events).toHaveLength(3);
     // Its sessions are over; the other token's session and alice's own are not.
     for (const k of [k1, k2]) expectToken(await k.get('/0/user/'), 404, 'not found');
     expect(await login(k3)).toBe('alice@example.com');

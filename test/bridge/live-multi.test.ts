@@ -2,7 +2,7 @@
  * The live channel across bridges (docs/scaling.md, "The live channel"): two bridge processes on one PostgreSQL
  * database and one Mosquitto, their links in one share group, a real agent behind the broker. A WebSocket and an SSE
  * stream held by bridge B see what bridge A handled: a REST change, a claim, an unregister, and the device's own
- * changes whichever bridge took its message.
+ * changes whichever bridge took its message; a channel opened on B with an access token closes when A revokes it.
  */
 import { randomUUID } from 'node:crypto';
 import { rmSync } from 'node:fs';
@@ -90,5 +90,14 @@ describe.skipIf(missing('mosquitto') || (await missingPostgres()))('the live cha
     expect(await ws.next((m) => m.events?.[deviceId], 'device-removed on B', before)).toEqual({
       type: 'device-removed',
     });
+
+    // A channel opened on B with an access token made on A closes when A revokes the token.
+    const token = (await http.post('/0/user/accesstoken')).body;
+    const byToken = await LiveSocket.open(b.url, { headers: { authorization: `Bearer ${token}` } });
+    cleanups.push(() => byToken.ws.terminate());
+    await byToken.next((m) => m.devices, 'the bearer snapshot on B');
+    expect((await http.request('DELETE', `/0/user/accesstoken/${token}`)).body).toBe('accesstoken-ok');
+    expect(await byToken.closed).toEqual({ code: 4001, reason: 'session ended' });
+    expect(ws.ws.readyState).toBe(ws.ws.OPEN);
   });
 });

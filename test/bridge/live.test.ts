@@ -3,9 +3,13 @@
  * broker, a real agent, users made over HTTP, and `ws` clients as the official client opens them (subprotocol
  * `thsq-user`, the session cookie, `{"delta":true,"throttletime":N}` on open).
  *
- * Sharing is not here: the second user simply does not see the device.
+ * Sharing (decision 23) moves devices in and out of a user's channels like a claim and an unregister. A channel may
+ * be opened with an access token as `Authorization: Bearer <token>` (decision 30) instead of a cookie.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { outboxDir } from '../../bridge/config.js';
 import type { BusEvent } from '../../bridge/events/bus.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { type TestAgent, agentCli, startAgent } from '../support/agent.js';
@@ -26,6 +30,15 @@ async function claim(http: HttpClient, agent: TestAgent): Promise<string> {
     const r = await http.post('/0/devices/', { form: { auth } });
     return r.status === 201 ? r.body : undefined;
   }, 'the claim');
+}
+
+/** The token of the newest recovery mail in the bridge's outbox, once there is one. */
+function recoveryToken(b: LiveBridge): string | undefined {
+  const dir = outboxDir(b.config);
+  const files = existsSync(dir) ? readdirSync(dir).filter((f) => f.includes('-recover-')) : [];
+  if (files.length === 0) return undefined;
+  const link = /https?:\/\/\S+/.exec(readFileSync(join(dir, files.sort().at(-1)!), 'utf8'))?.[0];
+  return link ? (new URL(link).searchParams.get('token') ?? undefined) : undefined;
 }
 
 /** The values a variable's deltas carried, each run of one value (its later stamps: acks) counted once. */
@@ -242,6 +255,157 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
     expect(b.sink.events('live.closed').map((e) => e.reason)).toEqual(['ping']);
   });
 
+  it('a share: device-claimed then deltas to the shared user; unsharing and an unregister remove it; a third user sees nothing', async () => {
+    const b = await start();
+    const agent = await startAgent({ mqttUrl: b.mqttUrl });
+    agents.push(agent);
+    const deviceId = agent.agent.identity.deviceId;
+    const owner = b.client();
+    const ownerCookie = await signup(owner, 'sharer@example.com');
+    const friend = b.client();
+    const friendCookie = await signup(friend, 'friend@example.com');
+    const stranger = b.client();
+    const strangerCookie = await signup(stranger, 'stranger@example.com');
+    expect(await claim(owner, agent)).toBe(deviceId);
+
+    const o = await open(ownerCookie);
+    const f = await open(friendCookie);
+    const x = await open(strangerCookie);
+    await o.next((m) => m.devices, 'the owner snapshot');
+    expect(await f.next((m) => m.devices, 'the friend snapshot')).toEqual({});
+    expect(await x.next((m) => m.devices, 'the stranger snapshot')).toEqual({});
+
+    const share = () => owner.post('/0/devices/', { form: { auth: deviceId, user: 'friend@example.com' } });
+    expect((await share()).body).toBe('share-ok');
+    const claimed = await f.next((m) => m.events?.[deviceId], 'device-claimed');
+    expect(claimed.type).toBe('device-claimed');
+    expect(claimed.device!.meta.unique!.value).toBe(deviceId);
+
+    // Its changes follow: from the device, and from REST (the owner's and the shared user's own).
+    const local = await agent.client();
+    await local.set('d', 'temp', '20');
+    expect((await f.next((m) => m.delta?.[deviceId]?.d?.temp, 'temp from the device')).value).toBe('20');
+    expect((await owner.post(`/0/devices/${deviceId}/s/note`, { form: { value: 'a' } })).body).toBe('device-ok');
+    expect((await f.next((m) => m.delta?.[deviceId]?.s?.note, 'the owner note')).value).toBe('a');
+    expect((await friend.post(`/0/devices/${deviceId}/s/reply`, { form: { value: 'b' } })).body).toBe('device-ok');
+    await f.next((m) => m.delta?.[deviceId]?.s?.reply, 'the friend reply');
+    await o.next((m) => m.delta?.[deviceId]?.s?.reply, 'the friend reply, to the owner');
+    // The owner already saw the device: no claim for it.
+    expect(o.messages.some((m) => m.events)).toBe(false);
+
+    // Unshared: device-removed, then nothing more of it, while the owner still gets its changes.
+    const unsharedAt = f.messages.length;
+    expect((await owner.request('DELETE', `/0/devices/${deviceId}/users/friend@example.com`)).body).toBe('share-ok');
+    expect(await f.next((m) => m.events?.[deviceId], 'device-removed', unsharedAt)).toEqual({
+      type: 'device-removed',
+    });
+    await local.set('d', 'temp', '21');
+    await o.next((m) => (m.delta?.[deviceId]?.d?.temp?.value === '21' ? true : undefined), 'temp 21 to the owner');
+    expect((await owner.post(`/0/devices/${deviceId}/s/note`, { form: { value: 'c' } })).body).toBe('device-ok');
+    await o.next((m) => (m.delta?.[deviceId]?.s?.note?.value === 'c' ? true : undefined), 'note c to the owner');
+    expect(f.messages.slice(unsharedAt).filter((m) => !m.events)).toEqual([]);
+
+    // Shared again, then unregistered by the owner: device-removed to both.
+    const reshareAt = f.messages.length;
+    expect((await share()).body).toBe('share-ok');
+    await f.next(
+      (m) => (m.events?.[deviceId]?.type === 'device-claimed' ? true : undefined),
+      'claimed again',
+      reshareAt,
+    );
+    const [ownerAt, friendAt] = [o.messages.length, f.messages.length];
+    expect((await owner.request('DELETE', `/0/devices/${deviceId}`)).body).toBe('device-ok');
+    expect(await o.next((m) => m.events?.[deviceId], 'removed (owner)', ownerAt)).toEqual({ type: 'device-removed' });
+    expect(await f.next((m) => m.events?.[deviceId], 'removed (friend)', friendAt)).toEqual({
+      type: 'device-removed',
+    });
+    await local.set('d', 'temp', '22');
+    local.close();
+    await until(
+      async () => (await b.bridge.store.devices.getVar(deviceId, 'd', 'temp'))?.value?.toString() === '22',
+      'the later change',
+    );
+    // A change of another kind after it reaches no one either: the friend's channel is still open, and empty of it.
+    expect(f.ws.readyState).toBe(f.ws.OPEN);
+    expect(o.messages.slice(ownerAt).filter((m) => !m.events)).toEqual([]);
+    expect(f.messages.slice(friendAt).filter((m) => !m.events)).toEqual([]);
+    // The third user saw nothing throughout.
+    expect(x.messages).toEqual([{ devices: {} }]);
+  });
+
+  it('opens a WebSocket and an SSE stream with a bearer access token; a wrong one is 401; revoking it closes them (4001)', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'bearer@example.com');
+    const id = await ownedDevice(b, 'bearer@example.com');
+    const made = await u.post('/0/user/accesstoken');
+    expect(made.status).toBe(201);
+    const token = made.body;
+    const other = (await u.post('/0/user/accesstoken')).body;
+    const bearer = { authorization: `Bearer ${token}` };
+
+    const ws = await open('', { headers: bearer });
+    const sse = await SseStream.open(b.url, bearer);
+    const byOther = await open('', { headers: { authorization: `bearer ${other}` } });
+    const byCookie = await open(cookie);
+    try {
+      expect(sse.status).toBe(200);
+      expect(Object.keys(await ws.next((m) => m.devices, 'the snapshot'))).toEqual([id]);
+      await sse.next((e) => e.event === 'devices' || undefined, 'the SSE snapshot');
+      await byOther.next((m) => m.devices, 'the other token snapshot');
+      await byCookie.next((m) => m.devices, 'the cookie snapshot');
+      expect((await u.post(`/0/devices/${id}/s/color`, { form: { value: 'red' } })).body).toBe('device-ok');
+      expect((await ws.next((m) => m.delta?.[id]?.s?.color, 'the delta')).value).toBe('red');
+      await sse.next((e) => (e.event === 'delta' && e.data.includes('"red"') ? true : undefined), 'the SSE delta');
+      // Its last use is stamped.
+      const listed = JSON.parse((await u.get('/0/user/accesstoken')).body) as Array<{ lastUsed: number | null }>;
+      expect(listed.map((t) => t.lastUsed !== null)).toEqual([true, true]);
+
+      // Refused before the upgrade: a wrong token, a malformed one, another scheme.
+      const refused = (authorization: string) =>
+        LiveSocket.open(b.url, { headers: { authorization } }).then(
+          () => 'opened',
+          (err: Error) => err.message,
+        );
+      expect(await refused(`Bearer ${'A'.repeat(43)}`)).toBe('status 401 no-session');
+      expect(await refused('Bearer nonsense')).toBe('status 401 no-session');
+      expect(await refused(`Basic ${token}`)).toBe('status 401 no-session');
+      const wrong = await SseStream.open(b.url, { authorization: `Bearer ${'B'.repeat(43)}` });
+      await wrong.ended;
+      expect([wrong.status, wrong.body]).toEqual([401, 'no-session']);
+      expect(b.sink.events('live.refused').map((e) => e.reason)).toEqual(['token', 'token', 'session', 'token']);
+
+      // Revoked: its channels close as after a logout; the other token's and the cookie's stay.
+      expect((await u.request('DELETE', `/0/user/accesstoken/${token}`)).body).toBe('accesstoken-ok');
+      expect(await ws.closed).toEqual({ code: 4001, reason: 'session ended' });
+      await sse.ended;
+      expect(sse.events.at(-1)).toEqual({ event: 'close', data: '{"code":4001,"reason":"session ended"}' });
+      expect(byOther.ws.readyState).toBe(byOther.ws.OPEN);
+      expect(byCookie.ws.readyState).toBe(byCookie.ws.OPEN);
+      expect(await refused(`Bearer ${token}`)).toBe('status 401 no-session');
+      expect(b.sink.text()).not.toContain(token);
+      expect(b.sink.text()).not.toContain(other);
+    } finally {
+      sse.close();
+    }
+  });
+
+  it("a password reset closes the channels opened with the user's tokens", async () => {
+    const b = await start();
+    const u = b.client();
+    await signup(u, 'reset@example.com');
+    const token = (await u.post('/0/user/accesstoken')).body;
+    const ws = await open('', { headers: { authorization: `Bearer ${token}` } });
+    await ws.next((m) => m.devices, 'the snapshot');
+    expect((await b.client().post('/0/session/recover', { form: { login: 'reset@example.com' } })).body).toBe(
+      'recover-ok',
+    );
+    const link = await until(() => recoveryToken(b), 'the recovery mail');
+    const form = { login: 'reset@example.com', token: link, password: 'a new password' };
+    expect((await b.client().post('/0/session/recover', { form })).body).toBe('recover-ok');
+    expect(await ws.closed).toEqual({ code: 4001, reason: 'session ended' });
+  });
+
   /** A device owned by the user, as the bridge keeps it after a hello (no agent: its changes come from REST). */
   async function ownedDevice(b: LiveBridge, login: string): Promise<string> {
     const id = randomUUID();
@@ -316,6 +480,57 @@ describe.each(await engines())('the WebSocket live channel (%s)', (engine) => {
     expect(await ws.closed).toEqual({ code: 1001, reason: 'bridge shutting down' });
     await sse.ended;
     expect(sse.events.at(-1)).toEqual({ event: 'close', data: '{"code":1001,"reason":"bridge shutting down"}' });
+  });
+
+  onSqlite(
+    'limits bearer attempts per address with POST /0/session/ (rateLimits.accessToken): 429, a valid one too',
+    async () => {
+      const b = await start({ rateLimits: { accessToken: { limit: 3, windowMs: 60_000 } } });
+      const u = b.client();
+      const cookie = await signup(u, 'guess@example.com');
+      const token = (await u.post('/0/user/accesstoken')).body;
+      const attempt = (t: string) =>
+        LiveSocket.open(b.url, { headers: { authorization: `Bearer ${t}` } }).then(
+          (s) => (sockets.push(s), 'opened'),
+          (err: Error) => err.message,
+        );
+      expect(await attempt(token)).toBe('opened');
+      expect(await attempt('G'.repeat(43))).toBe('status 401 no-session');
+      // The session route's token attempts count in the same limit.
+      expect((await b.client().post('/0/session/', { form: { token: 'H'.repeat(43) } })).status).toBe(401);
+      expect(await attempt(token)).toBe('status 429 too-many-requests');
+      const sse = await SseStream.open(b.url, { authorization: `Bearer ${token}` });
+      await sse.ended;
+      expect([sse.status, sse.body]).toEqual([429, 'too-many-requests']);
+      // A cookie is not a token attempt.
+      await (await open(cookie)).next((m) => m.devices, 'the cookie snapshot');
+      expect(b.sink.events('live.refused').map((e) => e.reason)).toEqual(['token', 'token_rate', 'token_rate']);
+    },
+  );
+
+  onSqlite('closes a channel whose session ended or token was revoked while its handshake was under way', async () => {
+    const b = await start();
+    const u = b.client();
+    const cookie = await signup(u, 'handshake@example.com');
+    const token = (await u.post('/0/user/accesstoken')).body;
+    const [{ id: tokenId }] = JSON.parse((await u.get('/0/user/accesstoken')).body) as [{ id: number }];
+    const userId = (await b.bridge.store.userByLogin(b.bridge.defaultFrontend.id, 'handshake@example.com'))!.id;
+    // The events as they would come between the check of the credentials and the channel's opening: the session
+    // and the token are still valid in the store, as they were when the handshake checked them.
+    b.bridge.events.publish({ type: 'session.ended', userId, tokenId });
+    b.bridge.events.publish({
+      type: 'session.ended',
+      userId,
+      idHash: createHash('sha256').update(u.sid!).digest('hex'),
+    });
+    const byToken = await open('', { headers: { authorization: `Bearer ${token}` } });
+    const byCookie = await open(cookie);
+    expect(await byToken.closed).toEqual({ code: 4001, reason: 'session ended' });
+    expect(await byCookie.closed).toEqual({ code: 4001, reason: 'session ended' });
+    // Another token of the user is not concerned.
+    const other = (await u.post('/0/user/accesstoken')).body;
+    const fine = await open('', { headers: { authorization: `Bearer ${other}` } });
+    await fine.next((m) => m.devices, 'the snapshot');
   });
 
   onSqlite('sends a change that reaches the channel twice once', async () => {

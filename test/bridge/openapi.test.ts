@@ -27,7 +27,7 @@ import { type FirmwareWorld, startFirmwareWorld } from '../support/fw-bridge.js'
 import { SseStream } from '../support/live.js';
 
 type Json = Record<string, unknown>;
-type Operation = { operationId: string; parameters: Json[]; responses: Record<string, Response> };
+type Operation = { operationId: string; parameters: Json[]; responses: Record<string, Response>; security?: Json[] };
 type Response = { content?: Record<string, { schema: Json }> };
 type Components = { schemas: Record<string, Json>; parameters: Record<string, Json>; securitySchemes: Json };
 type Doc = { servers: Json[]; paths: Record<string, Record<string, Operation>>; components: Components };
@@ -222,13 +222,16 @@ describe('the document', () => {
     expect(new Set(ids).size).toBe(ids.length);
   });
 
-  it('resolves every $ref and has the sid cookie scheme and the frontend parameter', () => {
+  it('resolves every $ref and has the sid cookie and bearer schemes and the frontend parameter', () => {
     for (const [, ref] of JSON.stringify(doc).matchAll(/"\$ref":"#\/([^"]+)"/g)) {
       let node: unknown = doc;
       for (const part of ref!.split('/')) node = (node as Json | undefined)?.[part];
       expect(node, ref).toBeDefined();
     }
     expect(doc.components.securitySchemes.sid).toMatchObject({ type: 'apiKey', in: 'cookie', name: 'sid' });
+    expect(doc.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });
+    // The live channel's SSE route takes a bearer access token instead of the cookie.
+    expect(doc.paths['/0/events']!.get!.security).toEqual([{ sid: [] }, { bearer: [] }]);
     expect(doc.components.parameters.app).toMatchObject({ name: 'app', in: 'query' });
     expect(JSON.stringify(doc.servers)).toContain('{frontend}');
     // Every route but the image a device downloads, and health and metrics, which read no frontend.
