@@ -139,7 +139,8 @@ describe.skipIf(NEEDS)('Debian packages under systemd (systemd-nspawn --boot)', 
     expect(
       execFileSync('sh', ['-c', `dpkg-deb --ctrl-tarfile "$1" | tar -xO ./conffiles`, 'sh', debs.agent]).toString(),
     ).toBe('/etc/devcloud/agent.yaml\n');
-  });
+    // lintian reads every file of both packages: a minute or more on a busy shared machine.
+  }, 180_000);
 
   it('installs with apt: the users, the units enabled, both services active, the agent ready when systemd says so', async () => {
     const out = aptInstall(debs.bridge, debs.agent);
