@@ -4,7 +4,9 @@
  * support/live-clients.ts) watch their device while the devices, simulated over MQTT as in the fleet benchmark
  * (support/fleet-sim.ts), change a `d` variable at `--rate` changes a second in all. Each value carries the time its
  * push was due, and the client that receives it times it: publish → frame. The bridge runs as the service runs it,
- * a process of its own with SQLite and its embedded broker; clients and devices are processes of their own too.
+ * a process of its own with its embedded broker and SQLite, or with `--engine postgres` on a database of its own
+ * that the benchmark makes on a PostgreSQL server and drops (as the fleet benchmark's scenario b,
+ * support/fleet-cloud.ts); clients and devices are processes of their own too.
  *
  * Baseline, in the same run: the same devices and clients against a bare `ws` server beside a bare broker
  * (support/live-echo-main.ts), which relays each push to the device's client as a frame of the bridge's own shape
@@ -17,13 +19,18 @@ import { spawn } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { pino } from 'pino';
+import { safeUrl } from '../lib/url.js';
 import { PasswordHasher } from '../bridge/accounts/password.js';
 import { ensureDefaultFrontend } from '../bridge/frontends/default.js';
 import { newSessionId } from '../bridge/sessions/cookie.js';
+import { openPostgresStore } from '../bridge/store/postgres/store.js';
 import { SqliteStore } from '../bridge/store/sqlite.js';
+import type { BridgeStore } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
 import { LogTally, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { type BenchDatabase, DEFAULT_SERVER_URL, PostgresCpu, createBenchDatabase } from './support/fleet-cloud.js';
 import { type SimDevice, SimFleet } from './support/fleet-sim.js';
 import { type HeapFigures, type Inspector, attachInspector, inspectArg } from './support/inspector.js';
 import {
@@ -51,7 +58,14 @@ const SCRYPT = { logN: 10, r: 8, p: 1 };
 const PASSWORD = 'bench-password-1';
 const KEEPALIVE_SEC = 30;
 
+type Engine = 'sqlite' | 'postgres';
+
+const ENGINES: Record<Engine, string> = { sqlite: 'SQLite', postgres: 'PostgreSQL' };
+
 interface Options {
+  engine: Engine;
+  /** postgres: the server on which the benchmark makes its database (and drops it). */
+  databaseUrl: string;
   devices: number;
   rate: number;
   durationS: number;
@@ -74,6 +88,9 @@ interface Options {
 }
 
 const USAGE = `options:
+  --engine E          the bridge's database: sqlite (default) or postgres
+  --database-url URL  postgres: the PostgreSQL server where the benchmark makes its database and drops it
+                      (default ${DEFAULT_SERVER_URL}); given alone, it means --engine postgres
   --devices N         users, each with one device, one session and one WebSocket client (default 1000)
   --rate N            changes per second, all devices together (default 1000)
   --duration S        measured seconds (default 10)
@@ -102,6 +119,8 @@ function parseOptions(args: string[]): Options {
       strict: true,
       allowPositionals: false,
       options: {
+        engine: { type: 'string' },
+        'database-url': { type: 'string' },
         devices: { type: 'string', default: '1000' },
         rate: { type: 'string', default: '1000' },
         duration: { type: 'string', default: '10' },
@@ -136,7 +155,14 @@ function parseOptions(args: string[]): Options {
     throw new UsageError(`--log-level fatal|error|warn|info|debug|trace\n${USAGE}`);
   }
   if (v['no-bridge'] && v['no-baseline']) throw new UsageError(`nothing to measure\n${USAGE}`);
+  const engine = v.engine ?? (v['database-url'] === undefined ? 'sqlite' : 'postgres');
+  if (engine !== 'sqlite' && engine !== 'postgres') throw new UsageError(`--engine sqlite|postgres\n${USAGE}`);
+  if (engine === 'sqlite' && v['database-url'] !== undefined) {
+    throw new UsageError(`--database-url is for --engine postgres\n${USAGE}`);
+  }
   return {
+    engine,
+    databaseUrl: v['database-url'] ?? DEFAULT_SERVER_URL,
     // Two at least: the first channel is opened before memory is read, so that one-time costs are not counted.
     devices: int('devices', v.devices, 2),
     rate: int('rate', v.rate, 1),
@@ -188,36 +214,57 @@ function makeUsers(n: number): Seeded & { sessionHashes: string[] } {
  * device (provisioned and claimed, as the fleet benchmark's) and a logged-in session whose cookie value only the
  * benchmark knows (the store holds its hash, as a login would have written it). One transaction.
  */
-async function seedBridge(dataDir: string, users: ReturnType<typeof makeUsers>): Promise<number> {
-  const t0 = performance.now();
-  mkdirSync(dataDir, { recursive: true });
-  writeFileSync(join(dataDir, 'bridge.yaml'), `accounts:\n  scryptLogN: ${SCRYPT.logN}\n`);
+async function seedStore(store: BridgeStore, users: ReturnType<typeof makeUsers>): Promise<void> {
   const hasher = new PasswordHasher({ params: SCRYPT, maxConcurrent: 1, maxQueued: 0 });
   const passwordHash = await hasher.hash(PASSWORD);
-  const store = new SqliteStore(dataDir);
+  const now = Date.now();
+  const frontend = await ensureDefaultFrontend(store, now);
+  await store.write(async (tx) => {
+    for (let i = 0; i < users.fleet.length; i++) {
+      const user = await tx.createUser({
+        frontendId: frontend.id,
+        login: `live-${i}@example.com`,
+        passwordHash,
+        authcode: randomBytes(16).toString('hex'),
+        now,
+      });
+      if (!user) throw new Error(`could not create user ${i}`);
+      await provisionDevice(tx.devices, users.fleet[i]!, now - 60_000, user.id);
+      await tx.createSession({
+        idHash: users.sessionHashes[i]!,
+        frontendId: frontend.id,
+        userId: user.id,
+        createdAt: now,
+        lastSeenAt: now,
+      });
+    }
+  });
+}
+
+/**
+ * The bridge's data folder, with `bridge.yaml` setting a cheap scrypt and, for PostgreSQL, the database; the
+ * database seeded through the engine's store (PostgreSQL's migrates the fresh database first).
+ */
+async function seedBridge(
+  dataDir: string,
+  databaseUrl: string | undefined,
+  users: ReturnType<typeof makeUsers>,
+): Promise<number> {
+  const t0 = performance.now();
+  mkdirSync(dataDir, { recursive: true });
+  writeFileSync(
+    join(dataDir, 'bridge.yaml'),
+    JSON.stringify({
+      accounts: { scryptLogN: SCRYPT.logN },
+      ...(databaseUrl !== undefined && { database: { url: databaseUrl } }),
+    }),
+  );
+  const store =
+    databaseUrl === undefined
+      ? new SqliteStore(dataDir)
+      : await openPostgresStore(databaseUrl, pino({ level: 'warn' }), { dataDir, poolSize: 2 });
   try {
-    const now = Date.now();
-    const frontend = await ensureDefaultFrontend(store, now);
-    await store.write(async (tx) => {
-      for (let i = 0; i < users.fleet.length; i++) {
-        const user = await tx.createUser({
-          frontendId: frontend.id,
-          login: `live-${i}@example.com`,
-          passwordHash,
-          authcode: randomBytes(16).toString('hex'),
-          now,
-        });
-        if (!user) throw new Error(`could not create user ${i}`);
-        await provisionDevice(tx.devices, users.fleet[i]!, now - 60_000, user.id);
-        await tx.createSession({
-          idHash: users.sessionHashes[i]!,
-          frontendId: frontend.id,
-          userId: user.id,
-          createdAt: now,
-          lastSeenAt: now,
-        });
-      }
-    });
+    await seedStore(store, users);
   } finally {
     await store.close();
   }
@@ -233,6 +280,8 @@ interface Target {
   mqtt: { host: string; port: number };
   pid: number;
   inspectorPort: number | undefined;
+  /** PostgreSQL's CPU for the bridge's database so far, ms (support/fleet-cloud.ts), when it runs on this machine. */
+  databaseCpuMs?: () => number;
   output(): string;
   tally?: LogTally;
   stop(): Promise<void>;
@@ -247,7 +296,12 @@ async function waitPort(port: number, what: string, exited: () => boolean, outpu
   }
 }
 
-async function startBridge(dataDir: string, opts: Options, cleanup: Cleanup): Promise<Target> {
+async function startBridge(
+  dataDir: string,
+  db: BenchDatabase | undefined,
+  opts: Options,
+  cleanup: Cleanup,
+): Promise<Target> {
   const prepared = prepareBridge(opts.source);
   console.log(`bridge from ${prepared.runtime} (${prepared.note})`);
   let cpuProfDir: string | undefined;
@@ -269,15 +323,21 @@ async function startBridge(dataDir: string, opts: Options, cleanup: Cleanup): Pr
     cleanup,
   );
   const u = new URL(bridge.mqttUrl);
+  const pgCpu = db?.postmasterPid === undefined ? undefined : new PostgresCpu(db.postmasterPid, db.name);
+  if (db && !pgCpu) console.log('PostgreSQL runs elsewhere: its CPU is not measured');
   return {
     label: 'bridge',
+    ...(pgCpu && { databaseCpuMs: () => pgCpu.cpuMs() }),
     ws: bridge.url.replace(/^http/, 'ws'),
     mqtt: { host: u.hostname, port: Number(u.port) },
     pid: bridge.pid,
     inspectorPort,
     output: () => bridge.output(),
     tally,
-    stop: () => bridge.stop(),
+    stop: async () => {
+      await bridge.stop();
+      pgCpu?.stop();
+    },
   };
 }
 
@@ -375,7 +435,9 @@ interface Figures {
     closedByServer: Record<string, number>;
     /** CPU of the target process per change (warm-up included), µs; cores busy over the phase. */
     cpuUsPerChange: number;
-    cores: { target: number; clients: number; simulator: number };
+    /** PostgreSQL's CPU per change, µs (its cores are in `cores.database`), when measured. */
+    databaseCpuUsPerChange: number | undefined;
+    cores: { target: number; clients: number; simulator: number; database?: number };
     simLagP99Ms: number;
     pushAckP99Ms: number;
     /** Device connections the server closed since they connected, and pushes acknowledged in the window. */
@@ -384,7 +446,16 @@ interface Figures {
   };
   samples: { snapshot: LiveConnectReport['sampleSnapshot']; delta: LiveReport['sampleDelta'] };
   /** The same pushes before any channel was open (`--no-ingest-only` skips them). */
-  ingestOnly: { pushAck: Lat; acked: number; sent: number; cpuUsPerChange: number; cores: number } | undefined;
+  ingestOnly:
+    | {
+        pushAck: Lat;
+        acked: number;
+        sent: number;
+        cpuUsPerChange: number;
+        cores: number;
+        databaseCpuUsPerChange: number | undefined;
+      }
+    | undefined;
 }
 
 async function readMemory(pid: number, inspector: Inspector | undefined, settleMs: number): Promise<MemoryReading> {
@@ -424,10 +495,13 @@ async function measure(
   let ingestOnly: Figures['ingestOnly'];
   if (opts.ingestOnly) {
     const cpu0 = readCpuMs(target.pid);
+    const db0 = target.databaseCpuMs?.();
     const t = performance.now();
     const r = await sim.push(opts.rate, opts.warmupS * 1000, opts.durationS * 1000, opts.drainS * 1000);
     const cpu = readCpuMs(target.pid) - cpu0;
+    const dbCpu = db0 === undefined ? undefined : target.databaseCpuMs!() - db0;
     ingestOnly = {
+      databaseCpuUsPerChange: dbCpu === undefined ? undefined : round((dbCpu * 1000) / Math.max(1, r.sentTotal)),
       pushAck: lat(r.latencies),
       acked: r.acked,
       sent: r.sent,
@@ -471,6 +545,7 @@ async function measure(
   // The load: every device changes `d` `temp` in turn, each value stamped with when it was due.
   await clients.start();
   const cpu0 = readCpuMs(target.pid);
+  const db0 = target.databaseCpuMs?.();
   const clientCpu0 = clients.cpuMs();
   const sim0 = sim.cpuMs();
   const tLoad = performance.now();
@@ -489,6 +564,7 @@ async function measure(
   }
   const wall = performance.now() - tLoad;
   const cpu = readCpuMs(target.pid) - cpu0;
+  const dbCpu = db0 === undefined ? undefined : target.databaseCpuMs!() - db0;
   const clientCpu = clients.cpuMs() - clientCpu0;
   const simCpu = sim.cpuMs() - sim0;
   const rep = await clients.stop();
@@ -557,7 +633,13 @@ async function measure(
       bytesPerSec: round((rep.bytes * 1000) / wall),
       closedByServer: rep.closedByServer,
       cpuUsPerChange: round((cpu * 1000) / Math.max(1, r.sentTotal)),
-      cores: { target: round(cpu / wall), clients: round(clientCpu / wall), simulator: round(simCpu / wall) },
+      databaseCpuUsPerChange: dbCpu === undefined ? undefined : round((dbCpu * 1000) / Math.max(1, r.sentTotal)),
+      cores: {
+        target: round(cpu / wall),
+        clients: round(clientCpu / wall),
+        simulator: round(simCpu / wall),
+        ...(dbCpu !== undefined && { database: round(dbCpu / wall) }),
+      },
       simLagP99Ms: round(r.lagP99Ms),
       pushAckP99Ms: pushAck.p99,
       devicesLost: r.lost,
@@ -603,7 +685,9 @@ function templates(bridge: Figures | undefined): { snapshot: string; delta: stri
 export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   const opts = parseOptions(args);
   const n = opts.devices;
-  console.log(`live: ${n} users with a device and a WebSocket client each, ${opts.rate} changes/s`);
+  console.log(
+    `live: ${n} users with a device and a WebSocket client each, ${opts.rate} changes/s; the bridge on ${ENGINES[opts.engine]}`,
+  );
   console.log('note: the machine may be shared; figures are noisy, compare with the baseline taken in the same run.');
   const tmp = mkdtempSync(join(opts.tmp, 'devcloud-bench-live-'));
   cleanup.add('remove the temporary folder', () => rmSync(tmp, { recursive: true, force: true }));
@@ -618,12 +702,17 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   let seedMs = 0;
   if (opts.bridge) {
     const dataDir = join(tmp, 'bridge');
-    seedMs = await seedBridge(dataDir, users);
-    console.log(`seeded ${n} users, devices and sessions in ${round(seedMs / 1000)} s`);
-    const target = await startBridge(dataDir, opts, cleanup);
+    const db = opts.engine === 'postgres' ? await createBenchDatabase(opts.databaseUrl, cleanup, 'live') : undefined;
+    seedMs = await seedBridge(dataDir, db?.url, users);
+    console.log(
+      `seeded ${n} users, devices and sessions in ${round(seedMs / 1000)} s` +
+        (db ? ` in the PostgreSQL database ${db.name} on ${safeUrl(opts.databaseUrl)}` : ' in SQLite'),
+    );
+    const target = await startBridge(dataDir, db, opts, cleanup);
     tally = target.tally;
     bridge = await measure(target, files, n, opts, cleanup);
     await target.stop();
+    await db?.drop();
   }
 
   // 2. The baseline: the same clients and devices, the bridge's frames relayed by a bare ws server.
@@ -660,6 +749,14 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   const allMet = Object.values(met).every(Boolean);
   const b = bridge ? bare : undefined;
   const rows: Row[] = [
+    {
+      figure: "the bridge's database",
+      measured: bridge ? ENGINES[opts.engine] : 'not run',
+      baseline: b ? 'none' : '',
+      ratio: '',
+      target: '',
+      met: undefined,
+    },
     {
       figure: `open ${n - 1} channels: s (per s)`,
       measured: `${f(main.open.seconds)} (${Math.round(main.open.perSec)})`,
@@ -764,6 +861,18 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       target: '(reported)',
       met: undefined,
     },
+    ...(main.load.databaseCpuUsPerChange === undefined
+      ? []
+      : [
+          {
+            figure: 'PostgreSQL CPU per change, with / no channel open (µs)',
+            measured: `${f(main.load.databaseCpuUsPerChange)} / ${f(main.ingestOnly?.databaseCpuUsPerChange)}`,
+            baseline: '',
+            ratio: '',
+            target: '(diagnostic)',
+            met: undefined,
+          },
+        ]),
     {
       figure: 'no channel open: push → ack p50 / p99 (ms)',
       measured: main.ingestOnly ? `${f(main.ingestOnly.pushAck.p50)} / ${f(main.ingestOnly.pushAck.p99)}` : 'not run',
@@ -781,8 +890,10 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
       met: undefined,
     },
     {
-      figure: 'cores busy: server, clients, simulator',
-      measured: `${f(main.load.cores.target)}, ${f(main.load.cores.clients)}, ${f(main.load.cores.simulator)}`,
+      figure: `cores busy: server, clients, simulator${main.load.cores.database === undefined ? '' : '; PostgreSQL'}`,
+      measured:
+        `${f(main.load.cores.target)}, ${f(main.load.cores.clients)}, ${f(main.load.cores.simulator)}` +
+        (main.load.cores.database === undefined ? '' : `; ${f(main.load.cores.database)}`),
       baseline: b ? `${f(b.load.cores.target)}, ${f(b.load.cores.clients)}, ${f(b.load.cores.simulator)}` : '',
       ratio: '',
       target: '(diagnostic)',
@@ -838,7 +949,10 @@ export async function run(args: string[], cleanup: Cleanup): Promise<number> {
   console.log(
     JSON.stringify({
       bench: 'live',
+      engine: opts.engine,
       options: {
+        engine: opts.engine,
+        ...(opts.engine === 'postgres' && { databaseUrl: safeUrl(opts.databaseUrl) }),
         devices: n,
         rate: opts.rate,
         durationS: opts.durationS,

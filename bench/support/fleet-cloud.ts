@@ -34,9 +34,16 @@ function parentOf(pid: number): number | undefined {
   }
 }
 
-/** An empty database `devcloud_bench_fleet_<random>` on the server of `serverUrl`; dropped by cleanup too. */
-export async function createBenchDatabase(serverUrl: string, cleanup: Cleanup): Promise<BenchDatabase> {
-  const name = `devcloud_bench_fleet_${randomBytes(4).toString('hex')}`;
+/**
+ * An empty database `devcloud_bench_<bench>_<random>` on the server of `serverUrl`; dropped by cleanup too. The
+ * live benchmark makes its database here as well (`bench` `live`).
+ */
+export async function createBenchDatabase(
+  serverUrl: string,
+  cleanup: Cleanup,
+  bench: 'fleet' | 'live' = 'fleet',
+): Promise<BenchDatabase> {
+  const name = `devcloud_bench_${bench}_${randomBytes(4).toString('hex')}`;
   const postmaster = await onServer(serverUrl, async (c) => {
     await c.query(`CREATE DATABASE ${quote(name)}`);
     const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid;
