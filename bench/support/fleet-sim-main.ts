@@ -19,7 +19,14 @@ import {
   pubackPacket,
   subscribePacket,
 } from './fleet-mqtt.js';
-import type { ConnectReport, PushReport, SimDevice, SimInit, SimRequest } from './fleet-sim.js';
+import {
+  type ConnectReport,
+  type PushReport,
+  type SimDevice,
+  type SimInit,
+  type SimRequest,
+  replyTo,
+} from './fleet-sim.js';
 
 const init = JSON.parse(process.argv[2]!) as SimInit;
 
@@ -448,20 +455,16 @@ function disconnectAll(): Promise<void> {
 checkPayloads();
 
 process.on('message', (m: SimRequest & { seq: number }) => {
-  const reply = (work: Promise<unknown>) =>
-    work.then(
-      (result) => process.send?.({ seq: m.seq, ok: true, result }),
-      (err: unknown) => process.send?.({ seq: m.seq, ok: false, error: String(err) }),
-    );
+  const reply = (work: Promise<unknown>) => replyTo(m.seq, work);
   switch (m.op) {
     case 'connect':
-      void reply(connectAll(m));
+      reply(connectAll(m));
       return;
     case 'push':
-      void reply(pushAll(m));
+      reply(pushAll(m));
       return;
     case 'disconnect':
-      void reply(disconnectAll());
+      reply(disconnectAll());
       return;
   }
 });

@@ -85,6 +85,14 @@ export interface PushReport {
 
 type Reply = { seq: number; ok: true; result: unknown } | { seq: number; ok: false; error: string };
 
+/** In a child process: answers request `seq` with what `work` resolves to, or its error (the other side of {@link SimChild}). */
+export function replyTo(seq: number, work: Promise<unknown>): void {
+  void work.then(
+    (result) => process.send?.({ seq, ok: true, result } satisfies Reply),
+    (err: unknown) => process.send?.({ seq, ok: false, error: String(err) } satisfies Reply),
+  );
+}
+
 /** A child process driven over IPC: each request gets the reply with its sequence number. */
 export class SimChild<R extends object = SimRequest> {
   private seq = 0;

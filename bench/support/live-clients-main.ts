@@ -13,6 +13,7 @@ import type {
   LiveReport,
   LiveStats,
 } from './live-clients.js';
+import { replyTo } from './fleet-sim.js';
 import { wsText } from './ws-text.js';
 
 const init = JSON.parse(process.argv[2]!) as LiveClientsInit;
@@ -237,22 +238,18 @@ function closeAll(): Promise<void> {
 }
 
 process.on('message', (m: LiveClientsRequest & { seq: number }) => {
-  const reply = (work: Promise<unknown>) =>
-    work.then(
-      (result) => process.send?.({ seq: m.seq, ok: true, result }),
-      (err: unknown) => process.send?.({ seq: m.seq, ok: false, error: String(err) }),
-    );
+  const reply = (work: Promise<unknown>) => replyTo(m.seq, work);
   switch (m.op) {
     case 'connect':
-      void reply(connectAll(m));
+      reply(connectAll(m));
       return;
     case 'start':
       reset();
       measuring = true;
-      void reply(Promise.resolve(null));
+      reply(Promise.resolve(null));
       return;
     case 'stats':
-      void reply(Promise.resolve({ delivered: latencies.length } satisfies LiveStats));
+      reply(Promise.resolve({ delivered: latencies.length } satisfies LiveStats));
       return;
     case 'stop': {
       measuring = false;
@@ -272,11 +269,11 @@ process.on('message', (m: LiveClientsRequest & { seq: number }) => {
         sampleDelta,
         closedByServer,
       };
-      void reply(Promise.resolve(report));
+      reply(Promise.resolve(report));
       return;
     }
     case 'close':
-      void reply(closeAll());
+      reply(closeAll());
       return;
   }
 });
