@@ -391,6 +391,25 @@ export const BridgeConfigSchema = z
       })
       .strict()
       .prefault({}),
+    /** Notification rules, the event log and its delivery (docs/notifications.md). */
+    notifications: z
+      .object({
+        /** Rules one user may hold; more answer 400 `event-fail-limit`. */
+        rulesPerUser: z.number().int().min(1).max(100_000).default(100),
+        /** Least time between two events of one rule, ms: a crossing sooner is counted, logged and not delivered. */
+        ruleMinIntervalMs: z.number().int().min(0).max(86_400_000).default(60_000),
+        /** Events one user may get in any `userEventsWindowMs` (tests included); more are dropped and logged. */
+        userEventsLimit: z.number().int().min(1).max(1_000_000).default(100),
+        userEventsWindowMs: z.number().int().min(1000).max(86_400_000).default(3_600_000),
+        /** Days the event log keeps an event; older ones are removed in the hourly pruning. */
+        eventRetentionDays: z.number().int().min(1).max(3650).default(30),
+        /** How often the rules waiting out a `for` are checked, ms: the precision of `for`. */
+        pendingCheckMs: z.number().int().min(100).max(60_000).default(1000),
+        /** Devices whose rules a bridge keeps in memory; the least recently changed beyond that are read again. */
+        cacheDevices: z.number().int().min(1).max(10_000_000).default(100_000),
+      })
+      .strict()
+      .prefault({}),
     metrics: z
       .object({
         /** Serve `GET /metrics` (Prometheus text format). */

@@ -318,6 +318,10 @@ export function buildOpenApi(config: BridgeConfig, routes: readonly Route[]): Js
         name: 'Firmware',
         description: 'The firmware catalog, updates of a device, and the image a device downloads for its update.',
       },
+      {
+        name: 'Notifications',
+        description: "Rules on a device's variables and state, and the log of the events they fired.",
+      },
       { name: 'Meta', description: 'About the API.' },
       { name: 'Operations', description: 'Health and metrics, for probes and Prometheus.' },
     ],

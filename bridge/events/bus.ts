@@ -77,6 +77,13 @@ export const BusEvent = z.discriminatedUnion('type', [
     id: z.string(),
     state: z.enum(['queued', 'sent', 'running', 'done', 'failed', 'expired']),
   }),
+  /** A notification rule fired (or was fired as a test): event `id` of the log, for `userId` (docs/notifications.md). */
+  z.object({ type: z.literal('user.event'), userId: z.number().int(), id: z.number().int() }),
+  /**
+   * A rule on the device was made, changed or removed, or moved between states: the evaluators drop what they hold
+   * of the device's rules.
+   */
+  z.object({ type: z.literal('rules.changed'), deviceId: DeviceId }),
 ]);
 export type BusEvent = z.infer<typeof BusEvent>;
 

@@ -39,7 +39,16 @@ export interface Outcome {
 
 export type Method = 'GET' | 'POST' | 'DELETE';
 
-export type Tag = 'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Firmware' | 'Meta' | 'Operations';
+export type Tag =
+  | 'Session'
+  | 'User data'
+  | 'Devices'
+  | 'Commands'
+  | 'Network'
+  | 'Firmware'
+  | 'Notifications'
+  | 'Meta'
+  | 'Operations';
 
 export type Handler = (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
 

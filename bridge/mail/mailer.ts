@@ -57,12 +57,13 @@ export const MailConfigSchema = z
 export type MailConfig = z.infer<typeof MailConfigSchema>;
 
 export interface Mail {
-  kind: 'confirm' | 'recover';
+  /** `notification`: a rule fired (docs/notifications.md, "Delivery"). */
+  kind: 'confirm' | 'recover' | 'notification';
   /** One bare address, `local@domain`. */
   to: string;
   subject: string;
   text: string;
-  /** The link inside `text`; logged in outbox mode only. */
+  /** The link inside `text`; logged in outbox mode only (none in a notification). */
   link: string;
 }
 

@@ -10,6 +10,7 @@ import { DEVICE_MIGRATION, DeviceStore } from '../devices/store.js';
 import { FIRMWARE_MIGRATION, FirmwareStore } from '../firmware/catalog.js';
 import { FIRMWARE_JOB_MIGRATION, FIRMWARE_JOB_URL_MIGRATION, FirmwareJobStore } from '../firmware/jobs.js';
 import { promised } from '../../lib/promised.js';
+import { RULES_MIGRATION, RuleStore } from '../rules/store.js';
 import type { ProductConfig } from './types.js';
 import {
   type AccessToken,
@@ -18,6 +19,7 @@ import {
   type DeviceRepo,
   type FirmwareRepo,
   type FwJobRepo,
+  type RuleRepo,
   type StoreTx,
   type Frontend,
   type NewAccessToken,
@@ -120,6 +122,7 @@ export const BRIDGE_MIGRATIONS: readonly Migration[] = [
       CREATE INDEX device_shares_user ON device_shares (user_id, granted_at);
     `);
   },
+  RULES_MIGRATION,
 ];
 
 /** Sessions (with their users) kept in memory for the check every request makes. */
@@ -141,6 +144,7 @@ export class SqliteCore {
   readonly commands: CommandStore;
   readonly firmware: FirmwareStore;
   readonly fwJobs: FirmwareJobStore;
+  readonly rules: RuleStore;
   private readonly s;
   private frontendById = new Map<string, Frontend>();
   private defaultFrontendId: string | undefined;
@@ -176,6 +180,7 @@ export class SqliteCore {
     this.commands = new CommandStore(db);
     this.firmware = new FirmwareStore(db, dataDir);
     this.fwJobs = new FirmwareJobStore(db);
+    this.rules = new RuleStore(db);
     this.s = {
       insFrontend: db.prepare(
         'INSERT INTO frontends (id, name, config, is_default, created_at) VALUES (@id, @name, @config, @isDefault, @createdAt)',
@@ -504,6 +509,7 @@ export class SqliteStore implements BridgeStore {
   readonly commands: CommandRepo;
   readonly firmware: FirmwareRepo;
   readonly fwJobs: FwJobRepo;
+  readonly rules: RuleRepo;
   readonly credentials: DeviceCredentials;
 
   constructor(dataDir: string, log?: Logger, options: { backgroundCheckpoints?: boolean } = {}) {
@@ -520,6 +526,7 @@ export class SqliteStore implements BridgeStore {
       isUsed: (sha256) => wrap(() => fw.isUsed(sha256)),
     };
     this.fwJobs = promised(core.fwJobs);
+    this.rules = promised(core.rules);
     this.credentials = {
       secretHash: (id) => wrap(() => core.secretHash(id)),
       enroll: (id, hash, at) => wrap(() => core.enroll(id, hash, at)),

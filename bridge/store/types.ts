@@ -24,6 +24,16 @@ import type {
   VarType,
 } from '../devices/store.js';
 import type { AddOutcome, FirmwareImage } from '../firmware/catalog.js';
+import type {
+  DueWebhook,
+  EmailState,
+  NewRule,
+  NewUserEvent,
+  Rule,
+  RulePatch,
+  UserEvent,
+  WebhookRecord,
+} from '../rules/store.js';
 import type { FirmwareJob, JobOutcome, NewJob } from '../firmware/jobs.js';
 
 /** Decision 16: a frontend's product configuration. */
@@ -242,12 +252,53 @@ export interface FwJobRepo {
   tokenValid(id: string, token: string, now: number): Promise<FirmwareJob | undefined>;
 }
 
+/**
+ * Notification rules, their evaluation state, and the event log with its webhook deliveries (docs/notifications.md).
+ * The state transitions are conditional: each answers whether this call made it (two bridges may evaluate one rule
+ * at once).
+ */
+export interface RuleRepo {
+  create(r: NewRule): Promise<Rule>;
+  /** The user's rule of that number; `undefined` for another user's. */
+  get(userId: number, id: number): Promise<Rule | undefined>;
+  byId(id: number): Promise<Rule | undefined>;
+  ofUser(userId: number): Promise<Rule[]>;
+  countOfUser(userId: number): Promise<number>;
+  update(userId: number, id: number, patch: RulePatch): Promise<Rule | undefined>;
+  remove(userId: number, id: number): Promise<Rule | undefined>;
+  /** The rules on a device whose user owns it or has it shared, by number. */
+  ofDevice(deviceId: string): Promise<Rule[]>;
+  /** `active` from `from` to `to`, with `pendingSince`; `false` when the rule was not at `from`. */
+  setActive(id: number, from: boolean, to: boolean, pendingSince: number | null): Promise<boolean>;
+  /** An inactive rule whose condition now holds becomes active; `false` when it was active already. */
+  fire(id: number): Promise<boolean>;
+  /** A `for` ran out: `false` when the rule is no longer pending since `pendingSince`. */
+  firePending(id: number, pendingSince: number): Promise<boolean>;
+  /** The rule delivered an event: its `fired_at`, which the per-rule rate limit counts from. */
+  fireEdge(id: number, now: number): Promise<void>;
+  /** `changed`: the value seen, when the one held is still `expected`. */
+  setLastValue(id: number, expected: Buffer | null, value: Buffer | null): Promise<boolean>;
+  /** Rules whose `for` has run out by `now`, oldest first. */
+  duePending(now: number, limit: number): Promise<Rule[]>;
+
+  addEvent(e: NewUserEvent): Promise<UserEvent>;
+  event(id: number): Promise<UserEvent | undefined>;
+  /** The user's events, newest first, with a number below `before`. */
+  events(userId: number, limit: number, before?: number): Promise<UserEvent[]>;
+  setEmailState(id: number, state: EmailState): Promise<void>;
+  pruneEvents(before: number, max: number): Promise<number>;
+  /** Webhook deliveries due at `now`, each leased until `now + leaseMs`. */
+  claimDueWebhooks(now: number, limit: number, leaseMs: number): Promise<DueWebhook[]>;
+  recordWebhook(id: number, w: WebhookRecord): Promise<void>;
+}
+
 /** What the bridge reads and writes: the whole store, or one transaction of it (`BridgeStore.write`). */
 export interface StoreTx {
   readonly devices: DeviceRepo;
   readonly commands: CommandRepo;
   readonly firmware: FirmwareRepo;
   readonly fwJobs: FwJobRepo;
+  readonly rules: RuleRepo;
 
   createFrontend(f: Frontend): Promise<void>;
   frontend(id: string): Promise<Frontend | undefined>;

@@ -24,6 +24,7 @@ import {
   type FirmwareRepo,
   type Frontend,
   type FwJobRepo,
+  type RuleRepo,
   type NewAccessToken,
   type NewUser,
   type Session,
@@ -34,6 +35,7 @@ import {
   type UserPatch,
 } from '../types.js';
 import { PgCommandRepo } from './commands.js';
+import { PgRuleRepo } from './rules.js';
 import { type Conn, PoolConn, STORE_TYPES, StorageWatch, transaction } from './conn.js';
 import { PgDeviceRepo } from './devices.js';
 import { PgFirmwareRepo, PgFwJobRepo } from './firmware.js';
@@ -165,6 +167,7 @@ class PgTx implements StoreTx {
   readonly commands: CommandRepo;
   readonly firmware: FirmwareRepo;
   readonly fwJobs: FwJobRepo;
+  readonly rules: RuleRepo;
 
   constructor(
     protected readonly conn: Conn,
@@ -175,6 +178,7 @@ class PgTx implements StoreTx {
     this.commands = new PgCommandRepo(conn);
     this.firmware = new PgFirmwareRepo(conn, dataDir);
     this.fwJobs = new PgFwJobRepo(conn);
+    this.rules = new PgRuleRepo(conn);
   }
 
   /** After a change to frontend `id`: read them again, and say so on the event bus, once it is committed. */
