@@ -24,6 +24,10 @@ import { createServer } from './http/server.js';
 import type { Mailer } from './mail/mailer.js';
 import { metricsRoutes } from './metrics.js';
 import { buildOpenApi, openApiRoutes } from './openapi.js';
+import { RuleEngine } from './rules/engine.js';
+import { ruleRoutes } from './rules/routes.js';
+import { webhookOutbox } from './rules/outbox.js';
+import { WebhookWorker } from './rules/webhook-worker.js';
 import { accessTokenRoutes } from './sessions/accesstokens.js';
 import { sessionRoutes } from './sessions/routes.js';
 import type { BridgeStore } from './store/types.js';
@@ -57,6 +61,8 @@ export interface AppDeps {
    * to; without it, one in this process that nothing outside the app hears.
    */
   events?: EventBus;
+  /** The CA (PEM) webhook receivers' certificates are checked against besides the system's (`notifications.webhook.caFile`). */
+  webhookCa?: Buffer;
 }
 
 export function buildApp(deps: AppDeps): FastifyInstance {
@@ -96,8 +102,39 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     now,
     tokenLimiter: ctx.limits.accessTokenByAddress,
   });
+  // Notification rules follow the bus too; their webhooks go out through the event log's outbox.
+  const webhooks = new WebhookWorker({
+    outbox: webhookOutbox(deps.store, log),
+    config: config.notifications.webhook,
+    ...(deps.webhookCa ? { ca: deps.webhookCa } : {}),
+    log,
+    now,
+  });
+  const rules = new RuleEngine({
+    config,
+    store: deps.store,
+    events,
+    mailer: deps.mailer,
+    log,
+    now,
+    ...(deps.rateLimitPool ? { pool: deps.rateLimitPool } : {}),
+    onWebhook: () => webhooks.kick(),
+  });
+  rules.start();
+  webhooks.start();
+  app.addHook('onClose', async () => {
+    await rules.stop();
+    await webhooks.stop();
+  });
   // Before the routes: its hook counts every request.
-  const metrics = metricsRoutes(app, { config, store: deps.store, devices, link, live: live.hub.figures });
+  const metrics = metricsRoutes(app, {
+    config,
+    store: deps.store,
+    devices,
+    link,
+    live: live.hub.figures,
+    rules: { engine: rules.figures, webhooks: webhooks.figures },
+  });
   server.register([
     ...sessionRoutes(ctx),
     ...accessTokenRoutes(ctx),
@@ -106,6 +143,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     ...deviceRoutes(ctx),
     ...commandRoutes(ctx),
     ...firmwareRoutes(ctx),
+    ...ruleRoutes(ctx, rules),
     ...live.routes,
   ]);
   // The API document describes routes, not a session: it is the same for every caller. It is made once every

@@ -50,6 +50,8 @@ interface Secrets {
   mqttCa: Buffer | undefined;
   /** The embedded broker's enrolment password (with `dynsec`, bridge/mqtt/manage.ts reads its own). */
   enrolPassword: string | undefined;
+  /** `notifications.webhook.caFile`: more CAs webhook receivers' certificates may chain to. */
+  webhookCa: Buffer | undefined;
 }
 
 /** Reads a credential file; one that cannot be read stops the start with the reason. */
@@ -72,6 +74,10 @@ function readSecrets(config: BridgeConfig): Secrets {
     mqttPassword: text('MQTT password', m.passwordFile),
     // `cannot read the MQTT CA file: …` when it cannot be read.
     mqttCa: readMqttTls({ caFile: m.caFile }).ca,
+    webhookCa:
+      config.notifications.webhook.caFile === undefined
+        ? undefined
+        : readCredential('webhook CA', config.notifications.webhook.caFile),
   };
 }
 
@@ -348,6 +354,7 @@ export class Bridge<S extends BridgeDatabase = BridgeDatabase> {
       link: this.monitor,
       events,
       checkAnswers: deps.checkAnswers === true,
+      ...(secrets.webhookCa ? { webhookCa: secrets.webhookCa } : {}),
       // With several bridges on one database, the attempt limits are counted there (docs/api.md, Rate limits).
       ...(store.pool ? { rateLimitPool: store.pool } : {}),
     });

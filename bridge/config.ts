@@ -8,6 +8,7 @@ import { z } from 'zod';
 import { type OptionSpec, loadConfig } from '../lib/config.js';
 import { LOG_OPTIONS, LogConfigSchema } from '../lib/log.js';
 import { MAX_PACKET_BYTES } from '../protocol/index.js';
+import { WebhookConfigSchema } from './rules/webhook.js';
 import { MailConfigSchema } from './mail/mailer.js';
 
 const limit = (limitDefault: number, windowMsDefault: number) =>
@@ -407,6 +408,8 @@ export const BridgeConfigSchema = z
         pendingCheckMs: z.number().int().min(100).max(60_000).default(1000),
         /** Devices whose rules a bridge keeps in memory; the least recently changed beyond that are read again. */
         cacheDevices: z.number().int().min(1).max(10_000_000).default(100_000),
+        /** Webhook delivery (docs/notifications.md, "Webhooks"). */
+        webhook: WebhookConfigSchema.prefault({}),
       })
       .strict()
       .prefault({}),

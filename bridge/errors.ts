@@ -46,6 +46,16 @@ export const ERRORS = {
   'accesstoken-fail-limit': { status: 400, body: 'accesstoken-fail-limit' },
   /** Decision 30: a session started with an access token may not make more of them. */
   'accesstoken-fail-token-session': { status: 403, body: 'accesstoken-fail-token-session' },
+  /** docs/notifications.md: no such rule of the user, on `GET /0/user/event/<id>`. */
+  'event-not-found': { status: 404, body: 'event-fail' },
+  /** docs/notifications.md: no such rule of the user; a malformed field or body. */
+  'event-fail': { status: 400, body: 'event-fail' },
+  /** docs/notifications.md: `deviceid` names no device the user owns or has shared with them. */
+  'event-fail-device': { status: 400, body: 'event-fail-device' },
+  /** docs/notifications.md: a `webhook` that is no URL the bridge may POST to. */
+  'event-fail-webhook': { status: 400, body: 'event-fail-webhook' },
+  /** docs/notifications.md: the user already has `notifications.rulesPerUser` rules. */
+  'event-fail-limit': { status: 400, body: 'event-fail-limit' },
   /** The specification: no firmware image of that name (also a name that cannot be one). */
   'device-fwup-name-fail': { status: 400, body: 'device-fwup-name-fail' },
   /** docs/decisions.md §7: the device is not connected in `d` mode and `meta` state, its platform is not in the

@@ -19,6 +19,8 @@ import type { BridgeConfig } from './config.js';
 import type { DeviceService } from './devices/service.js';
 import type { LinkMonitor } from './health.js';
 import type { LiveFigures } from './live/hub.js';
+import type { EngineFigures } from './rules/engine.js';
+import type { WebhookWorker } from './rules/webhook-worker.js';
 import type { Route } from './http/route.js';
 import type { BridgeStore } from './store/types.js';
 
@@ -57,6 +59,8 @@ export interface MetricsDeps {
   link: LinkMonitor;
   /** The live channel's figures (bridge/live/hub.ts). */
   live?: LiveFigures;
+  /** The notification rules' figures (bridge/rules/engine.ts, bridge/rules/webhook-worker.ts). */
+  rules?: { engine: EngineFigures; webhooks: WebhookWorker['figures'] };
 }
 
 const sha256 = (s: string): Buffer => createHash('sha256').update(s, 'utf8').digest();
@@ -234,6 +238,45 @@ export function createRegistry(deps: MetricsDeps): {
       collect() {
         this.reset();
         for (const [reason, n] of Object.entries(live.closed)) this.inc({ reason }, n);
+      },
+    });
+  }
+  const rules = deps.rules;
+  if (rules) {
+    new Counter({
+      name: 'devcloud_rules_events_total',
+      help:
+        'Rule evaluations and their outcomes on this bridge: evaluated (changes of devices with rules), fired ' +
+        '(events logged, tests included), suppressed (held back by a rate limit), failed (an evaluation that could ' +
+        'not read or write the store).',
+      labelNames: ['outcome'] as const,
+      registers,
+      collect() {
+        this.reset();
+        const e = rules.engine;
+        for (const outcome of ['evaluated', 'fired', 'suppressed', 'failed'] as const)
+          this.inc({ outcome }, e[outcome]);
+      },
+    });
+    new Counter({
+      name: 'devcloud_webhook_attempts_total',
+      help: 'Webhook attempts on this bridge, by outcome: delivered, retried (to be tried again), failed (given up).',
+      labelNames: ['outcome'] as const,
+      registers,
+      collect() {
+        this.reset();
+        const w = rules.webhooks;
+        this.inc({ outcome: 'delivered' }, w.delivered);
+        this.inc({ outcome: 'retried' }, w.retried);
+        this.inc({ outcome: 'failed' }, w.failed);
+      },
+    });
+    new Gauge({
+      name: 'devcloud_webhook_in_flight',
+      help: 'Webhook attempts under way on this bridge.',
+      registers,
+      collect() {
+        this.set(rules.webhooks.inFlight);
       },
     });
   }

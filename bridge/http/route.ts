@@ -40,15 +40,7 @@ export interface Outcome {
 export type Method = 'GET' | 'POST' | 'DELETE';
 
 export type Tag =
-  | 'Session'
-  | 'User data'
-  | 'Devices'
-  | 'Commands'
-  | 'Network'
-  | 'Firmware'
-  | 'Notifications'
-  | 'Meta'
-  | 'Operations';
+  'Session' | 'User data' | 'Devices' | 'Commands' | 'Network' | 'Firmware' | 'Notifications' | 'Meta' | 'Operations';
 
 export type Handler = (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
 

@@ -26,6 +26,7 @@ import type { BridgeConfig } from '../config.js';
 import type { DeliveredEvent, EventBus } from '../events/bus.js';
 import type { BridgeStore } from '../store/types.js';
 import type { LiveIdentity } from './auth.js';
+import { userEventFrame } from '../rules/view.js';
 import { claimedFrame, deltaFrame, deltaRecord, devicesFrame, liveDeviceJson, removedFrame } from './frames.js';
 
 export type ChannelKind = 'ws' | 'sse';
@@ -433,6 +434,29 @@ export class LiveHub {
     if (announce) this.broadcast(user, 'events', removedFrame(deviceId));
   }
 
+  /**
+   * A rule of the user fired (docs/notifications.md, "Delivery"): `{"events":{<id>:{"type":"user-event",…}}}` to
+   * each of the user's channels that is past its snapshot (one still reading it misses the event; the event log has
+   * it), and into the SSE log.
+   */
+  private async userEvent(user: UserEntry, id: number): Promise<void> {
+    let frame: string;
+    try {
+      const event = await this.d.store.rules.event(id);
+      if (!event || event.userId !== user.id) return;
+      frame = userEventFrame(event);
+    } catch (err) {
+      this.d.log.warn({ event: 'live.read_failed', userId: user.id, err: String(err) });
+      return;
+    }
+    if (this.users.get(user.id) !== user) return;
+    for (const ch of user.channels) if (ch.kind === 'ws' && ch.ready) this.write(ch, 'events', frame);
+    if (user.sse) {
+      this.append(user.sse, 'events', frame);
+      for (const ch of user.channels) if (ch.kind === 'sse') this.pumpSse(ch);
+    }
+  }
+
   /** Whether `userId` still sees `deviceId`, asked of the store (after a claim by someone else). */
   private async recheck(user: UserEntry, deviceId: string): Promise<void> {
     try {
@@ -493,6 +517,11 @@ export class LiveHub {
             e.idHash !== undefined ? ch.idHash === e.idHash : e.tokenId !== undefined ? ch.tokenId === e.tokenId : true;
           if (ends) this.end(ch, 'session');
         }
+        return;
+      }
+      case 'user.event': {
+        const user = this.users.get(e.userId);
+        if (user) void this.userEvent(user, e.id);
         return;
       }
       case 'bus.resync':

@@ -368,7 +368,12 @@ export class RuleEngine {
     const t = this.d.now();
     const event = await this.d.store.write((tx) =>
       tx.rules.addEvent(
-        this.newEvent(rule, { varType: ref?.type ?? null, varName: ref?.name ?? null, value: v?.value ?? null }, t, true),
+        this.newEvent(
+          rule,
+          { varType: ref?.type ?? null, varName: ref?.name ?? null, value: v?.value ?? null },
+          t,
+          true,
+        ),
       ),
     );
     this.figures.fired++;

@@ -324,7 +324,9 @@ export class RuleStore {
       setActive: db.prepare<[number, number | null, number, number], unknown>(
         'UPDATE rules SET active = ?, pending_since = ? WHERE id = ? AND active = ?',
       ),
-      fire: db.prepare<[number], unknown>('UPDATE rules SET active = 1, pending_since = NULL WHERE id = ? AND active = 0'),
+      fire: db.prepare<[number], unknown>(
+        'UPDATE rules SET active = 1, pending_since = NULL WHERE id = ? AND active = 0',
+      ),
       firePending: db.prepare<[number, number], unknown>(
         'UPDATE rules SET pending_since = NULL WHERE id = ? AND pending_since = ?',
       ),

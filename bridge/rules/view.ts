@@ -65,12 +65,24 @@ export function eventJson(e: UserEvent) {
   };
 }
 
+/** A webhook's body: the event without its own delivery outcomes. */
+export function webhookBody(e: UserEvent): string {
+  const { webhook, email, ...rest } = eventJson(e);
+  void webhook;
+  void email;
+  return JSON.stringify(rest);
+}
+
 /** The live channel's frame of one event: `{"events":{<id>:{"type":"user-event",…}}}`, as the official client reads. */
 export function userEventFrame(e: UserEvent): string {
   return JSON.stringify({ events: { [String(e.id)]: eventJson(e) } });
 }
 
-const ms = (what: string) => z.number().int().meta({ description: `${what}, ms since the epoch.` });
+const ms = (what: string) =>
+  z
+    .number()
+    .int()
+    .meta({ description: `${what}, ms since the epoch.` });
 
 export const RuleOut = z.object({
   id: z.number().int().meta({ description: 'Its number, in `/0/user/event/<id>`.' }),
