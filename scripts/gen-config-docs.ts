@@ -67,7 +67,7 @@ const PROGRAMS: Program[] = [
     title: 'Bridge configuration',
     schema: BridgeConfigSchema,
     options: BRIDGE_OPTIONS,
-    sources: ['bridge/config.ts', 'bridge/mail/mailer.ts', 'lib/log.ts'],
+    sources: ['bridge/config.ts', 'bridge/mail/mailer.ts', 'bridge/rules/webhook.ts', 'lib/log.ts'],
     root: 'BridgeConfigSchema',
     table: 'docs/api.md',
     defaults: { dataDir: '`$STATE_DIRECTORY` or `/var/lib/devcloud-bridge`' },

@@ -73,7 +73,7 @@ export function webhookBody(e: UserEvent): string {
   return JSON.stringify(rest);
 }
 
-/** The live channel's frame of one event: `{"events":{<id>:{"type":"user-event",…}}}`, as the official client reads. */
+/** The live channel's frame of one fired rule, keyed by the event's number (docs/api.md, "Frames"), as the official client reads it. */
 export function userEventFrame(e: UserEvent): string {
   return JSON.stringify({ events: { [String(e.id)]: eventJson(e) } });
 }

@@ -311,7 +311,7 @@ describe.skipIf(await missingPostgres())('the PostgreSQL schema', () => {
     const sqlite = sqliteCatalog();
     const postgres = await postgresCatalog(db.pool);
     // The guard is only as good as what it reads: both sides must see the whole schema.
-    expect(Object.keys(sqlite)).toHaveLength(13);
+    expect(Object.keys(sqlite)).toHaveLength(15);
     expect(sqlite.vars!.primaryKey).toEqual(['device_id', 'type', 'name']);
     expect(sqlite.users!.columns.id).toBe('bigint not null default none identity');
     expect(sqlite.fw_jobs!.indexes).toEqual(['fw_jobs_open (device_id) unique partial']);
