@@ -47,11 +47,9 @@ export const RuleForm = z.object({
     .string()
     .max(RULE_MESSAGE_MAX)
     .meta({ description: `What the event says, up to ${RULE_MESSAGE_MAX} characters.` }),
-  trigger: z
-    .string()
-    .meta({
-      description: `When it fires, in the trigger language (docs/notifications.md), ${TRIGGER_MAX_LENGTH} characters at most.`,
-    }),
+  trigger: z.string().meta({
+    description: `When it fires, in the trigger language (docs/notifications.md), ${TRIGGER_MAX_LENGTH} characters at most.`,
+  }),
   deviceid: z
     .string()
     .toLowerCase()
