@@ -4,6 +4,7 @@
  * so each one can be followed from the client's acknowledgement to the agent's store and the cloud. Kill points
  * are random; a failure names its seed, and DEVCLOUD_FAULT_SEED replays it. DEVCLOUD_LONG runs 20 kill runs.
  */
+import { seededRandom } from '../support/rng.js';
 import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -18,17 +19,8 @@ const TOTAL = 5000;
 /** Requests pipelined on the local socket at once. */
 const WINDOW = 100;
 
-/** A small seeded generator, so that a failing run can be replayed with DEVCLOUD_FAULT_SEED. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Seeded (test/support/rng.ts), so that a failing run can be replayed with DEVCLOUD_FAULT_SEED. */
+const rng = seededRandom;
 const SEED = Number(process.env.DEVCLOUD_FAULT_SEED ?? Date.now() % 1_000_000);
 const random = rng(SEED);
 

@@ -4,6 +4,7 @@
  * offending token; `holds` compares numbers as numbers and strings as strings, and a missing value satisfies
  * nothing; and no input, however mangled, makes the parser throw or point outside the text.
  */
+import { seededRandom } from '../support/rng.js';
 import { describe, expect, it } from 'vitest';
 import {
   FOR_MAX_MS,
@@ -339,17 +340,7 @@ describe('watchedVar, isLevel, forMsOf', () => {
 });
 
 describe('parseTrigger never throws', () => {
-  /** A small seeded generator (mulberry32), so that a failure can be replayed. */
-  function random(seed: number): () => number {
-    let a = seed >>> 0;
-    return () => {
-      a = (a + 0x6d2b79f5) >>> 0;
-      let t = a;
-      t = Math.imul(t ^ (t >>> 15), t | 1);
-      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
-  }
+  const random = seededRandom;
   const ALPHABET = [
     ...'ds.meta<>=!-+0123456789eE. \t\n"\'\\xnfor msh()😀\u0000\ud800',
     'for',
