@@ -369,11 +369,12 @@ interface SeededDevice {
  * A device as the bridge keeps it after its hello: an auth code, `meta` `state` and `unique`, a `d` variable
  * `led` with two versions (the device's, then a user's) and a binary `s` variable `blob`.
  */
-async function seedDevice(opts: { owner?: number; heardBy?: number[] } = {}): Promise<SeededDevice> {
+async function seedDevice(opts: { owner?: number; heardBy?: number[]; on?: TestBridge } = {}): Promise<SeededDevice> {
   const id = randomUUID();
   const authcode = randomBytes(16).toString('hex');
-  const now = main.clock.now();
-  await main.store.write(async ({ devices }) => {
+  const b = opts.on ?? main;
+  const now = b.clock.now();
+  await b.store.write(async ({ devices }) => {
     await devices.touch(id, now);
     await devices.setAuthcode(id, authcode);
     await devices.setMeta(id, 'unique', id, now, 'device');
@@ -888,6 +889,109 @@ describe('every status and token the document lists is brought about', () => {
         [403, 'metrics-local-only', 'no token set, a client on another machine', elsewhere],
       ],
     });
+  });
+
+  it('on the notification routes', async () => {
+    // What each field does, and every refusal, is driven in test/bridge/rules-routes.test.ts. A bridge of its own:
+    // two rules per user, so that a third is refused, and one event per user per window, so that a second test is.
+    const nb = await startTestBridge({ config: { notifications: { rulesPerUser: 2, userEventsLimit: 1 } } });
+    try {
+      const { get: nGet, post: nPost, json: nJson, del: nDel, broken: nBroken } = client(() => nb.app);
+      const person = async (login: string) => {
+        const r = await call(nb.app, { url: '/0/session/signup', form: { login, password: 'pw-odd-1234' } });
+        expect(r.status).toBe(201);
+        return { sid: r.sid!, id: (await nb.store.userByLogin(nb.defaultFrontend.id, login))!.id };
+      };
+      const [owner, stranger, full] = [
+        await person('rules-o@example.com'),
+        await person('rules-x@example.com'),
+        await person('rules-f@example.com'),
+      ];
+      const [o, x] = [owner.sid, stranger.sid];
+      const own = await seedDevice({ owner: owner.id, on: nb });
+      const foreign = await seedDevice({ owner: stranger.id, on: nb });
+      const rule = (more: Record<string, string> = {}) => ({
+        name: 'Hot',
+        trigger: 'D.Temp>30 FOR 600s',
+        deviceid: own.id,
+        ...more,
+      });
+      // The third user holds the most rules already.
+      const ownFull = await seedDevice({ owner: full.id, on: nb });
+      for (const _ of [1, 2]) {
+        const r = await nPost('/0/user/event/', rule({ deviceid: ownFull.id }), full.sid)();
+        expect(r.status, r.body).toBe(201);
+      }
+      let id = '';
+      const at = (sid: string | null, form?: Record<string, string>) => () => nPost(`/0/user/event/${id}`, form, sid)();
+      const one = (sid: string | null) => () => nGet(`/0/user/event/${id}`, sid)();
+      const canonical = matches({ name: 'Hot', trigger: 'd.Temp > 30 for 10m', deviceid: own.id, state: 'armed' });
+      const app = { app: nb.defaultFrontend.id };
+      const badTrigger = matches({ error: 'event-fail-trigger', position: 7, line: 1, column: 8 });
+      await drive({
+        createRule: [
+          [201, null, 'a form', nPost('/0/user/event/', rule(), o), (a) => (id = a.body)],
+          [201, null, 'a JSON body', nJson('/0/user/event/', { ...rule(), email: true }, o)],
+          [400, null, 'a trigger that does not parse', nPost('/0/user/event/', rule({ trigger: 'd.temp =>' }), o)],
+          [400, 'event-fail', 'no name', nPost('/0/user/event/', rule({ name: '' }), o)],
+          [400, 'event-fail', 'malformed JSON', nBroken('/0/user/event/', o)],
+          [
+            400,
+            'event-fail-device',
+            "another user's device",
+            nPost('/0/user/event/', rule({ deviceid: foreign.id }), o),
+          ],
+          [
+            400,
+            'event-fail-webhook',
+            'a plain http webhook',
+            nPost('/0/user/event/', rule({ webhook: 'http://a.b/' }), o),
+          ],
+          [400, 'event-fail-limit', 'a third rule', nPost('/0/user/event/', rule({ deviceid: ownFull.id }), full.sid)],
+          [401, 'no-session', 'no session', nPost('/0/user/event/', rule())],
+        ],
+        listRules: [
+          [
+            200,
+            null,
+            "the user's, oldest first",
+            nGet('/0/user/event/', o),
+            matches([{ email: false }, { email: true }]),
+          ],
+          [200, '[]', 'none', nGet('/0/user/event/', x)],
+          [401, 'no-session', 'no session', nGet('/0/user/event/')],
+        ],
+        getRule: [
+          [200, null, 'a rule, its trigger canonical', one(o), canonical],
+          [404, 'event-fail', "another user's rule", one(x)],
+          [404, 'event-fail', 'an unknown number', nGet('/0/user/event/999999', o)],
+          [401, 'no-session', 'no session', one(null)],
+        ],
+        updateOrTestRule: [
+          [200, 'event-ok', 'a new name', at(o, { name: 'Very hot', ...app })],
+          [400, null, 'a trigger that does not parse', at(o, { trigger: 'd.temp =>' }), badTrigger],
+          [400, 'event-fail', "another user's rule", at(x, { name: 'Mine' })],
+          [400, 'event-fail', 'a name too long', at(o, { name: 'n'.repeat(101) })],
+          [400, 'event-fail-device', "another user's device", at(o, { deviceid: foreign.id })],
+          [400, 'event-fail-webhook', 'a plain http webhook', at(o, { webhook: 'http://a.b/' })],
+          [201, null, 'only app: a test', at(o, app)],
+          [429, 'too-many-requests', 'a second test over notifications.userEventsLimit', at(o, app)],
+          [401, 'no-session', 'no session', at(null, { name: 'x' })],
+        ],
+        listEvents: [
+          [200, null, 'the test', nGet('/0/user/events/?latest=1', o), matches([{ name: 'Very hot', test: true }])],
+          [400, 'event-fail', 'latest not a number', nGet('/0/user/events/?latest=abc', o)],
+          [401, 'no-session', 'no session', nGet('/0/user/events/')],
+        ],
+        removeRule: [
+          [200, 'event-ok', 'a rule', () => nDel(`/0/user/event/${id}`, o)()],
+          [400, 'event-fail', 'the same again', () => nDel(`/0/user/event/${id}`, o)()],
+          [401, 'no-session', 'no session', () => nDel(`/0/user/event/${id}`)()],
+        ],
+      });
+    } finally {
+      await nb.close();
+    }
   });
 
   it('on every route, to an unknown frontend and to a request from a page of another site', async () => {
