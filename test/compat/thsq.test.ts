@@ -4,118 +4,30 @@
  * client does, step by step, from an anonymous session to logout (issue 16, docs/api.md).
  *
  * The client is a CommonJS singleton with a module-global cookie jar, so the steps share one client and run in
- * order; it is loaded with Node's own `require`, untouched by vitest. Its only seam used here is the documented
- * `init` option `request` (the HTTP function it calls): a wrapper around the real `request` that records each
- * request and its status, so that the test can tell a value that arrived over the WebSocket from one it fetched.
- * The second user's view goes through plain HTTP (test/support/bridge.ts, `HttpClient`).
+ * order (test/support/thsq.ts: its API, and the recording `request` given to its `init`, so that the test can tell
+ * a value that arrived over the WebSocket from one it fetched). The second user's view goes through plain HTTP
+ * (test/support/bridge.ts, `HttpClient`).
  */
 import { createSocket } from 'node:dgram';
 import { rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
 import { beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { type TestAgent, startAgent, tempDir } from '../support/agent.js';
 import { type HttpClient, type LiveBridge, startLiveBridge } from '../support/bridge.js';
 import { addToCatalog, buildImage, makeKeys } from '../support/firmware.js';
+import {
+  type Device,
+  type HistoryEntry,
+  type Seen,
+  type VarRecord,
+  call,
+  recordingRequest,
+  thsq,
+} from '../support/thsq.js';
 import { until } from '../support/wait.js';
-
-/** A variable record as the client caches it (docs/api.md, the variable record). */
-interface VarRecord {
-  value?: string;
-  time?: number;
-  acked?: number;
-  synced?: number;
-  syncacked?: number;
-}
-interface Device {
-  id?: string;
-  meta: Record<string, VarRecord>;
-  d: Record<string, VarRecord>;
-  s: Record<string, VarRecord>;
-}
-interface HistoryEntry {
-  id: number;
-  value: string;
-  time: number;
-}
-type Cb<T> = (v: T) => void;
-/** The part of the client's public API this test drives (node_modules/thsq/lib/thsq.js). */
-interface Thsq {
-  init(options: Record<string, unknown>, cb: Cb<Record<string, Device> | undefined>): void;
-  on(event: string, listener: (...args: never[]) => void): void;
-  removeListener(event: string, listener: (...args: never[]) => void): void;
-  destroy(): void;
-  connected?: boolean;
-  userSignup(login: string, password: string, cb: Cb<string | undefined>): void;
-  login(login: string, password: string, cb: Cb<unknown>): void;
-  logout(cb: Cb<string | undefined>): void;
-  getUser(cb: Cb<{ login: string; authcode: string; data: Record<string, string> } | undefined>): void;
-  storeUserData(data: Record<string, string>, cb: Cb<void>): void;
-  getNetworkDevices(cb: Cb<Record<string, Device> | undefined>): void;
-  claimDevice(unique: string, cb: Cb<string | undefined>): void;
-  getDevicelist(cb: Cb<Record<string, Device>>): void;
-  getDevice(unique: string, cb: Cb<Device | undefined>): void;
-  setVariable(
-    unique: string,
-    type: string,
-    name: string,
-    value: string,
-    options: { timestamp?: number },
-    cb: Cb<string | undefined>,
-  ): void;
-  // Last, so that `bind` takes this one.
-  setVariable(unique: string, type: string, name: string, value: string, cb: Cb<string | undefined>): void;
-  getVariable(unique: string, type: string, name: string, cb: Cb<VarRecord | undefined>): void;
-  getVariableHistory(
-    unique: string,
-    type: string,
-    name: string,
-    options: { num?: number; chunksize?: number; startid?: number },
-    cb: Cb<HistoryEntry[] | undefined>,
-  ): void;
-  sendCommand(unique: string, command: string, cb: Cb<string | undefined>): void;
-  sendPing(): void;
-  setDeviceHistoryFilter(
-    filter: ((device: Device, unique: string, type: string, name: string) => boolean) | undefined,
-  ): void;
-  getFirmwarelist(cb: Cb<Array<{ name: string }> | string>): void;
-  createAccessToken(cb: Cb<string | undefined>): void;
-  deleteAccessToken(token: string, cb: Cb<string | undefined>): void;
-  shareDevice(unique: string, login: string, cb: Cb<string | undefined>): void;
-  removeDevice(unique: string, cb: Cb<string | undefined>): void;
-}
-
-/** One request the client made, as the wrapper saw it. */
-interface Seen {
-  method: string;
-  path: string;
-  /** The query, for a GET. */
-  qs?: Record<string, unknown>;
-  status?: number;
-  body?: string;
-}
-type RequestFn = ((opts: Record<string, unknown>, cb: (...a: unknown[]) => void) => unknown) & {
-  jar: () => unknown;
-};
-
-const load = createRequire(import.meta.url);
-const thsq = load('thsq') as Thsq;
-const realRequest = load('request') as RequestFn;
 
 const PASSWORD = 'correct horse battery';
 const ALICE = 'alice@example.com';
 const BOB = 'bob@example.com';
-
-/** A callback of the client as a promise, bounded: a callback that never comes fails the step, naming it. */
-function call<A extends unknown[], T>(what: keyof Thsq, fn: (...args: [...A, Cb<T>]) => void, ...args: A): Promise<T> {
-  const ms = 10_000;
-  return new Promise<T>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`no callback from ${what} within ${ms} ms`)), ms);
-    fn(...args, (v: T) => {
-      clearTimeout(timer);
-      resolve(v);
-    });
-  });
-}
 
 function udpSend(port: number, payload: string): Promise<void> {
   const s = createSocket('udp4');
@@ -143,26 +55,7 @@ describe('the official client (thsq 1.2.15) against a real bridge and agent', ()
   let accessToken: string;
 
   /** The `request` the client calls (its `init` option): the real one, each call and its answer recorded. */
-  const recording = Object.assign(
-    (
-      opts: Record<string, unknown>,
-      cb: (err: unknown, res: { statusCode: number } | undefined, body: string) => void,
-    ) => {
-      const entry: Seen = {
-        method: String(opts.method),
-        path: new URL(String(opts.url)).pathname,
-        ...(opts.qs ? { qs: opts.qs as Record<string, unknown> } : {}),
-      };
-      seen.push(entry);
-      return realRequest(opts, (...a: unknown[]) => {
-        const [err, res, body] = a as [unknown, { statusCode: number } | undefined, string];
-        entry.status = res?.statusCode;
-        entry.body = body;
-        cb(err, res, body);
-      });
-    },
-    { jar: realRequest.jar },
-  );
+  const recording = recordingRequest(seen);
   const onUpdate = (_device: Device, unique: string, diff: Partial<Device>) => updates.push({ unique, diff });
   const onRemoved = (unique: string) => removed.push(unique);
   const claimed: string[] = [];
