@@ -287,8 +287,10 @@ export function ruleRoutes(ctx: RouteContext, engine: RuleEngine): Route[] {
         },
         401: NO_SESSION,
         429: {
-          description: 'A test over the per-user event limit (`notifications.userEventsLimit`).',
+          description:
+            'A test over the per-user event limit (`notifications.userEventsLimit`); retry after `Retry-After` seconds.',
           tokens: [token('too-many-requests')],
+          retryAfter: true,
         },
       },
       handler: async (req, reply) => {
