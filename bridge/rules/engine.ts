@@ -82,9 +82,16 @@ export class RuleEngine {
   private checking = false;
   private stopped = false;
   private readonly inFlight = new Set<Promise<unknown>>();
+  /**
+   * Other bridges may move the rules' state (PostgreSQL: several bridges on one database). A copy held here can be
+   * behind theirs, and judged by it a crossing would be missed (a rule this bridge saw fire, armed again by another,
+   * looks still fired here); so a change a rule watches is tested against the rules as the database has them.
+   */
+  private readonly shared: boolean;
   readonly figures: EngineFigures = { evaluated: 0, fired: 0, suppressed: 0, failed: 0 };
 
   constructor(private readonly d: EngineDeps) {
+    this.shared = d.store.engine !== 'sqlite';
     const n = d.config.notifications;
     const opts = { limit: n.userEventsLimit, windowMs: n.userEventsWindowMs, now: d.now };
     this.userLimiter = d.pool
@@ -169,8 +176,9 @@ export class RuleEngine {
     });
   }
 
-  /** The device's rules, from memory or the store. */
-  private rulesOf(deviceId: string): Promise<Compiled[]> {
+  /** The device's rules, from memory or (`fresh`, or not held) the store. */
+  private rulesOf(deviceId: string, fresh = false): Promise<Compiled[]> {
+    if (fresh) this.cache.delete(deviceId);
     const held = this.cache.get(deviceId);
     if (held) {
       // Most recently used last.
@@ -208,8 +216,15 @@ export class RuleEngine {
 
   // ---- evaluation ----
 
-  private async onVars(deviceId: string, rules: Compiled[], keys: string[]): Promise<void> {
+  private async onVars(deviceId: string, held: Compiled[], keys: string[]): Promise<void> {
+    let rules = held;
+    let reread = !this.shared;
     for (const key of new Set(keys)) {
+      if (!rules.some((c) => c.key === key)) continue;
+      if (!reread) {
+        rules = await this.rulesOf(deviceId, true);
+        reread = true;
+      }
       const watching = rules.filter((c) => c.key === key);
       if (watching.length === 0) continue;
       const sep = key.indexOf(':');
@@ -226,7 +241,10 @@ export class RuleEngine {
     }
   }
 
-  private async onCommandFailed(deviceId: string, rules: Compiled[], commandId: string): Promise<void> {
+  private async onCommandFailed(deviceId: string, held: Compiled[], commandId: string): Promise<void> {
+    if (!held.some((c) => c.trigger.kind === 'command')) return;
+    // The per-rule limit counts from the last event, which another bridge may have fired.
+    const rules = this.shared ? await this.rulesOf(deviceId, true) : held;
     for (const c of rules) {
       if (c.trigger.kind !== 'command') continue;
       // An edge: nothing to move, and every failure counts (the rate limits still hold).
@@ -345,6 +363,8 @@ export class RuleEngine {
         const rules = await this.rulesOf(rule.deviceId);
         const c = rules.find((x) => x.rule.id === rule.id);
         if (!c) continue;
+        // The row just read is the rule's state now, whichever bridge moved it last.
+        Object.assign(c.rule, rule);
         const ref = watchedVar(c.trigger);
         const v = ref && (await this.d.store.devices.getVar(rule.deviceId, ref.type, ref.name));
         const value = v?.value ?? null;

@@ -502,13 +502,22 @@ export function liveBridgeConfig(dataDir: string, over: ConfigOverrides = {}): B
 
 /**
  * The whole bridge as `devcloud-bridge run` starts it (`Bridge.start`, bridge/bridge.ts): HTTP on a free port, and
- * the embedded broker on a free port unless `config.mqtt.url` names an external one. The real clock; scrypt at its
+ * the embedded broker on a free port unless `config.mqtt.url` names an external one. The real clock unless `now`; scrypt at its
  * cheapest. The store is SQLite in the data directory, or with `engine: 'postgres'` the PostgreSQL store on a
- * database made for the bridge (or `database`, to start again on the data a `close(false)` kept).
+ * database made for the bridge (or `database`, to start again on the data a `close(false)` kept). `now` replaces the
+ * real clock for every part of the bridge (a {@link TestClock}'s `now`, for a test that moves time instead of
+ * waiting); sockets and their timers still run in real time.
  */
 export async function startLiveBridge(
-  opts: { config?: ConfigOverrides; dataDir?: string; engine?: StoreEngine; database?: FreshDatabase } = {},
+  opts: {
+    config?: ConfigOverrides;
+    dataDir?: string;
+    engine?: StoreEngine;
+    database?: FreshDatabase;
+    now?: () => number;
+  } = {},
 ): Promise<LiveBridge> {
+  const now = opts.now ?? Date.now;
   const engine = opts.engine ?? 'sqlite';
   const dataDir = opts.dataDir ?? tempDir('devcloud-bridge-');
   const sink = new LogSink();
@@ -524,7 +533,7 @@ export async function startLiveBridge(
   try {
     opened = await openTestStore(engine, dataDir, {
       log,
-      now: Date.now,
+      now,
       backgroundCheckpoints: true,
       ...(database ? { database } : {}),
     });
@@ -535,7 +544,7 @@ export async function startLiveBridge(
   const { store } = opened;
   try {
     // Every answer is held to the API document, as in the app-level harness above.
-    bridge = await Bridge.start({ config, store, log, now: Date.now, checkAnswers: true });
+    bridge = await Bridge.start({ config, store, log, now, checkAnswers: true });
   } catch (err) {
     await store.close();
     await database?.drop();

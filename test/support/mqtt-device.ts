@@ -43,9 +43,18 @@ export interface MqttDevice {
   close(): Promise<void>;
 }
 
+export interface MqttDeviceOptions {
+  /**
+   * Leave the last will an agent leaves (`offline` on its retained `state`), which the broker publishes when the
+   * connection ends without a DISCONNECT: a device that vanished (docs/notifications.md, "Offline").
+   */
+  will?: boolean;
+}
+
 export async function connectMqttDevice(
   mqttUrl: string,
   onVars: (msg: Decoded<'down/vars'>, payload: Buffer) => void,
+  opts: MqttDeviceOptions = {},
 ): Promise<MqttDevice> {
   const id = randomUUID();
   const authcode = randomBytes(16).toString('hex');
@@ -55,6 +64,9 @@ export async function connectMqttDevice(
     password: randomBytes(32).toString('hex'),
     reconnectPeriod: 0,
     connectTimeout: 5000,
+    ...(opts.will
+      ? { will: { topic: topicFor(id, 'state'), payload: encode('state', 'offline'), qos: 0 as const, retain: true } }
+      : {}),
   });
   client.on('message', (topic, payload) => {
     if (topic === topicFor(id, 'down/vars')) onVars(decode('down/vars', payload), payload);
