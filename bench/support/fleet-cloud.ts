@@ -36,12 +36,12 @@ function parentOf(pid: number): number | undefined {
 
 /**
  * An empty database `devcloud_bench_<bench>_<random>` on the server of `serverUrl`; dropped by cleanup too. The
- * live benchmark makes its database here as well (`bench` `live`).
+ * live and rules benchmarks make their databases here as well (`bench` `live`, `rules`).
  */
 export async function createBenchDatabase(
   serverUrl: string,
   cleanup: Cleanup,
-  bench: 'fleet' | 'live' = 'fleet',
+  bench: 'fleet' | 'live' | 'rules' = 'fleet',
 ): Promise<BenchDatabase> {
   const name = `devcloud_bench_${bench}_${randomBytes(4).toString('hex')}`;
   const postmaster = await onServer(serverUrl, async (c) => {

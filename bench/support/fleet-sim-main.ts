@@ -25,6 +25,7 @@ import {
   type SimDevice,
   type SimInit,
   type SimRequest,
+  type SpikeMark,
   replyTo,
 } from './fleet-sim.js';
 
@@ -60,6 +61,8 @@ interface Device {
   connackAt: number;
   readyAt: number;
   varsTopic: Buffer | undefined;
+  /** Spikes pushed so far (the rules benchmark): even ones go high, odd ones low. */
+  spikes: number;
 }
 
 const all = (JSON.parse(readFileSync(init.devicesFile, 'utf8')) as SimDevice[]).flatMap((spec, i) =>
@@ -80,11 +83,26 @@ const devices: Device[] = all.map(({ spec, endpoint }) => ({
   connackAt: 0,
   readyAt: 0,
   varsTopic: undefined,
+  spikes: 0,
 }));
 
 const keepaliveMs = init.keepaliveSec * 1000;
 let lost = 0;
 let seq = 0;
+/** The `n` of a numeric value (`spikes`): never reused while the process lives, across phases too. */
+let valueSeq = 0;
+
+/** A small seeded generator (mulberry32): the same spikes for the same seed. */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
 /** Unique within the run: the process's index and a counter (docs/protocol.md: 1 to 64 characters). */
 const nextId = () => `s${init.index}-${(++seq).toString(36)}`;
 
@@ -346,6 +364,10 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
   // With stamped values: when each measured one was acknowledged, and each device's last value.
   const ackedAt: Record<string, number> = {};
   const lastValues: Record<string, string> = {};
+  // With spikes: each spike, and the one due at each due time (which its acknowledgement names).
+  const spikes: SpikeMark[] = [];
+  const spikeAt = new Map<number, SpikeMark>();
+  const rand = req.spikes ? seeded(req.spikes.seed) : undefined;
   const keyOf = (n: number, measured: boolean) => `${measured ? 'm' : 'w'}${init.index}.${n}`;
   pushRun = {
     acked(due, at) {
@@ -355,6 +377,8 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
         // Push n (from 1) was due at start + (n - 1) × interval.
         if (req.stamp) ackedAt[keyOf(Math.round((due - start) / interval) + 1, true)] = performance.timeOrigin + at;
       }
+      const spike = spikeAt.get(due);
+      if (spike) spike.acked = performance.timeOrigin + at;
     },
   };
   for (const d of ready) d.pending ??= new Map();
@@ -375,6 +399,7 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
         lost,
         downItems: downItems - downBefore,
         ...(req.stamp && { ackedAt, lastValues }),
+        ...(req.spikes && { spikes }),
       });
     };
     const drain = () => {
@@ -404,6 +429,21 @@ function pushAll(req: Extract<SimRequest, { op: 'push' }>): Promise<PushReport> 
           const key = keyOf(next, measured);
           lastValues[d.spec.id] = key;
           value = `${key}@${(performance.timeOrigin + due).toFixed(3)}`;
+        } else if (req.spikes && rand) {
+          const s = req.spikes;
+          const n = ++valueSeq;
+          if (rand() < s.fraction) {
+            value = `${d.spikes++ % 2 === 0 ? s.high : s.low}.${n}`;
+            const mark: SpikeMark = {
+              deviceId: d.spec.id,
+              value,
+              due: performance.timeOrigin + due,
+              acked: undefined,
+              measured,
+            };
+            spikes.push(mark);
+            spikeAt.set(due, mark);
+          } else value = `${s.normal}.${n}`;
         }
         write(d, publishPacket(d.varsTopic, pushPayload(time, value), 1, nextPacketId(d)));
         sentTotal++;

@@ -43,6 +43,8 @@ export type SimRequest =
        * warm-up), so that whoever sees it later can time it: the live benchmark's WebSocket clients.
        */
       stamp?: boolean;
+      /** Numeric values, a share of them spikes that cross a rule's threshold (the rules benchmark). */
+      spikes?: SpikeSpec;
     }
   | { op: 'disconnect' };
 
@@ -81,6 +83,32 @@ export interface PushReport {
   /** With `stamp`: when each measured value (`m<proc>.<n>`) was acknowledged (epoch ms), and each device's last value. */
   ackedAt?: Record<string, number>;
   lastValues?: Record<string, string>;
+  /** With `spikes`: every spike of the phase, warm-up included. */
+  spikes?: SpikeMark[];
+}
+
+/**
+ * Numeric values for the rules benchmark: each push's value is `<part>.<n>`, `n` unique within the simulator
+ * process for its whole life (so that a device and a value name one push), `part` `normal` for most pushes and, for
+ * a share `fraction` of them drawn at random (seeded), a spike: `high` and `low` in turn for each device, so that
+ * of two spikes of one device in a row the second crosses another threshold than the first.
+ */
+export interface SpikeSpec {
+  fraction: number;
+  normal: number;
+  high: number;
+  low: number;
+  seed: number;
+}
+
+/** A spike pushed: its device and value, when it was due, and when its acknowledgement came (epoch ms). */
+export interface SpikeMark {
+  deviceId: string;
+  value: string;
+  due: number;
+  acked: number | undefined;
+  /** Due in the measured window (after the warm-up). */
+  measured: boolean;
 }
 
 type Reply = { seq: number; ok: true; result: unknown } | { seq: number; ok: false; error: string };
@@ -185,10 +213,28 @@ export class SimFleet {
   }
 
   /** Pushes at `rate` a second in all, spread evenly over the processes and their devices. */
-  async push(rate: number, warmupMs: number, durationMs: number, drainMs: number, stamp = false): Promise<PushReport> {
+  async push(
+    rate: number,
+    warmupMs: number,
+    durationMs: number,
+    drainMs: number,
+    stamp = false,
+    spikes?: SpikeSpec,
+  ): Promise<PushReport> {
     const per = rate / this.children.length;
     const parts = await Promise.all(
-      this.children.map((c) => c.request<PushReport>({ op: 'push', rate: per, warmupMs, durationMs, drainMs, stamp })),
+      this.children.map((c, i) =>
+        c.request<PushReport>({
+          op: 'push',
+          rate: per,
+          warmupMs,
+          durationMs,
+          drainMs,
+          stamp,
+          // Each process draws its own spikes.
+          ...(spikes && { spikes: { ...spikes, seed: spikes.seed + i } }),
+        }),
+      ),
     );
     return {
       sent: sum(parts, (p) => p.sent),
@@ -205,6 +251,7 @@ export class SimFleet {
         ackedAt: Object.assign({}, ...parts.map((p) => p.ackedAt)) as Record<string, number>,
         lastValues: Object.assign({}, ...parts.map((p) => p.lastValues)) as Record<string, string>,
       }),
+      ...(spikes && { spikes: parts.flatMap((p) => p.spikes ?? []) }),
     };
   }
 
