@@ -26,7 +26,7 @@ import {
   varItem,
 } from '../../protocol/index.js';
 import type { CommandService } from '../commands/service.js';
-import type { BusEvent, EventBus, VarChange } from '../events/bus.js';
+import { type BusEvent, type EventBus, type VarChange, withValues } from '../events/bus.js';
 import type { BridgeStore, StoreTx } from '../store/types.js';
 import { userOfAuthcode } from '../users/authcode.js';
 import type { SendDown, UpMessage } from './link.js';
@@ -174,9 +174,14 @@ export class DeviceService {
     this.opts.events?.publish(event);
   }
 
-  /** Announces changed variables of a device, if any. */
-  private varsChanged(deviceId: string, vars: VarChange[]): void {
-    if (vars.length > 0) this.publish({ type: 'device.vars', deviceId, vars });
+  /**
+   * Announces changed variables of a device, if any, with the values committed (keys `type:name`) for this bridge's
+   * subscribers (`withValues`, bridge/events/bus.ts).
+   */
+  private varsChanged(deviceId: string, vars: VarChange[], values?: ReadonlyMap<string, Buffer | null>): void {
+    if (vars.length === 0) return;
+    const event: BusEvent = { type: 'device.vars', deviceId, vars };
+    this.publish(values ? withValues(event, values) : event);
   }
 
   // ---- messages from devices ----
@@ -423,6 +428,7 @@ export class DeviceService {
     const skew = this.skews.get(deviceId);
     let restamped = 0;
     const changed: VarChange[] = [];
+    const values = new Map<string, Buffer | null>();
     const acks = await this.deviceWrite(deviceId, async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
@@ -439,7 +445,10 @@ export class DeviceService {
           { type: item.type, name: item.name, value: decodeValue(item), time, origin: item.origin },
           now,
         );
-        if (r.outcome === 'applied') changed.push({ type: item.type, name: item.name, change: 'version' });
+        if (r.outcome === 'applied') {
+          changed.push({ type: item.type, name: item.name, change: 'version' });
+          values.set(`${item.type}:${item.name}`, decodeValue(item));
+        }
         if ((time !== item.time || item.unverified === true) && item.type === 'd') {
           // Re-stamped (an unverified version always is): the device holds a version the cloud does not keep.
           // Whichever version won here goes to the device instead of an acknowledgement, and the agent takes it over
@@ -462,7 +471,7 @@ export class DeviceService {
       }
       return out;
     });
-    this.varsChanged(deviceId, changed);
+    this.varsChanged(deviceId, changed, values);
     if (restamped > 0) {
       this.opts.log.info({ event: 'vars.restamped', deviceId, items: restamped, skewMs: skew ?? null });
     }
@@ -500,7 +509,11 @@ export class DeviceService {
   private async onMeta(deviceId: string, meta: Record<string, string>): Promise<void> {
     const now = this.opts.now();
     const changed: VarChange[] = [];
-    const written = (name: string) => changed.push({ type: 'meta', name, change: 'version' });
+    const values = new Map<string, Buffer | null>();
+    const written = (name: string, value: string) => {
+      changed.push({ type: 'meta', name, change: 'version' });
+      values.set(`meta:${name}`, Buffer.from(value, 'utf8'));
+    };
     await this.deviceWrite(deviceId, async (tx) => {
       const devices = tx.devices;
       await this.activity(tx, deviceId, now);
@@ -508,13 +521,13 @@ export class DeviceService {
       for (const [name, value] of Object.entries(meta)) {
         if (RESERVED_META.has(name)) continue;
         await devices.setMeta(deviceId, name, value, now, 'device', !UNRECORDED_META.has(name));
-        written(name);
+        written(name, value);
       }
       // An agent that predates failure codes reports `fwerror` alone: a code left from an earlier report would
       // name another failure, so the code is emptied (docs/firmware.md, "Failure codes").
       if (meta.fwerror !== undefined && meta.fwerrorcode === undefined) {
         await devices.setMeta(deviceId, 'fwerrorcode', '', now, 'device');
-        written('fwerrorcode');
+        written('fwerrorcode', '');
       }
       // A final firmware state ends the device's open job (docs/decisions.md §7).
       const fwstate = meta.fwstate;
@@ -523,7 +536,7 @@ export class DeviceService {
         if (job) await tx.fwJobs.end(job.id, fwstate, now);
       }
     });
-    this.varsChanged(deviceId, changed);
+    this.varsChanged(deviceId, changed, values);
   }
 
   /**
@@ -599,7 +612,7 @@ export class DeviceService {
       return (await devices.getVar(deviceId, type, name))!;
     });
     if (rec === 'none' || rec === 'older') return rec;
-    this.varsChanged(deviceId, [{ type, name, change: 'version' }]);
+    this.varsChanged(deviceId, [{ type, name, change: 'version' }], new Map([[`${type}:${name}`, rec.value]]));
     if (type === 'd') this.sendVars(deviceId, [varItem(asVersion(rec), 'push')]);
     return 'set';
   }

@@ -87,6 +87,25 @@ export const BusEvent = z.discriminatedUnion('type', [
 ]);
 export type BusEvent = z.infer<typeof BusEvent>;
 
+/**
+ * The values a publisher committed, beside its `device.vars` event in this process only: the event object carries
+ * names, as every event does, and is what crosses to other bridges; this map is never sent. A subscriber of this
+ * bridge (`source.local`) may take a value from here instead of reading the store, and must read the store when
+ * there is none (docs/scaling.md, "The event bus").
+ */
+const committedValues = new WeakMap<BusEvent, ReadonlyMap<string, Buffer | null>>();
+
+/** `event` with the values committed with it (keys `type:name`), for this bridge's subscribers. */
+export function withValues<E extends BusEvent>(event: E, values: ReadonlyMap<string, Buffer | null>): E {
+  if (values.size > 0) committedValues.set(event, values);
+  return event;
+}
+
+/** A value committed with a local `device.vars` event (`null`: deleted); `undefined` when it did not come with one. */
+export function committedValue(event: BusEvent, type: string, name: string): Buffer | null | undefined {
+  return committedValues.get(event)?.get(`${type}:${name}`);
+}
+
 /** Events may have been missed: drop everything cached. Local subscribers only. */
 export interface ResyncEvent {
   type: 'bus.resync';

@@ -20,7 +20,7 @@ import type { AttemptLimiter } from '../accounts/ratelimit.js';
 import { RateLimiter, memoryLimiter } from '../accounts/ratelimit.js';
 import { SharedRateLimiter } from '../accounts/shared-ratelimit.js';
 import type { BridgeConfig } from '../config.js';
-import type { DeliveredEvent, EventBus, EventSource } from '../events/bus.js';
+import { type BusEvent, type DeliveredEvent, type EventBus, type EventSource, committedValue } from '../events/bus.js';
 import type { Mailer } from '../mail/mailer.js';
 import type { BridgeStore } from '../store/types.js';
 import type { NewUserEvent, Rule, UserEvent } from './store.js';
@@ -140,7 +140,7 @@ export class RuleEngine {
       case 'device.vars': {
         if (!source.local) return;
         const keys = e.vars.filter((v) => v.change === 'version').map((v) => `${v.type}:${v.name}`);
-        if (keys.length > 0) this.enqueue(e.deviceId, (rules) => this.onVars(e.deviceId, rules, keys));
+        if (keys.length > 0) this.enqueue(e.deviceId, (rules) => this.onVars(e.deviceId, rules, keys, e));
         return;
       }
       case 'device.state':
@@ -216,7 +216,11 @@ export class RuleEngine {
 
   // ---- evaluation ----
 
-  private async onVars(deviceId: string, held: Compiled[], keys: string[]): Promise<void> {
+  /**
+   * Changes of watched variables: each judged by the value committed with it when its publisher gave one (so that of
+   * a burst, each value is judged, in order), else by the store's value now.
+   */
+  private async onVars(deviceId: string, held: Compiled[], keys: string[], event?: BusEvent): Promise<void> {
     let rules = held;
     let reread = !this.shared;
     for (const key of new Set(keys)) {
@@ -230,8 +234,9 @@ export class RuleEngine {
       const sep = key.indexOf(':');
       const type = key.slice(0, sep) as 'd' | 's' | 'meta';
       const name = key.slice(sep + 1);
-      const v = await this.d.store.devices.getVar(deviceId, type, name);
-      const value = v?.value ?? null;
+      const hint = event && committedValue(event, type, name);
+      const value =
+        hint !== undefined ? hint : ((await this.d.store.devices.getVar(deviceId, type, name))?.value ?? null);
       const text = value === null ? undefined : value.toString('utf8');
       for (const c of watching) {
         const cause: Cause = { varType: type, varName: name, value };
