@@ -11,13 +11,13 @@
  * - The per-rule and per-user rate limits.
  * - Two bridges on one PostgreSQL database behind one Mosquitto: one event per crossing, whichever bridge handled
  *   each change.
- * - The retention of the event log.
+ * - A change judged by the value committed with it; the retention of the event log.
  *
  * Delivery (live channel, e-mail, webhooks, tests) is in rules-delivery.test.ts.
  */
 import { rmSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { LocalBus } from '../../bridge/events/bus.js';
+import { LocalBus, withValues } from '../../bridge/events/bus.js';
 import { RuleEngine } from '../../bridge/rules/engine.js';
 import type { NewUserEvent } from '../../bridge/rules/store.js';
 import { createLogger } from '../../lib/log.js';
@@ -477,53 +477,126 @@ describe.skipIf(missing('mosquitto') || (await missingPostgres()))(
   },
 );
 
-describe.each(await engines())('the retention of the event log (%s)', (engine) => {
-  it("removes the events older than eventRetentionDays, and only those, with the engine's pruning", async () => {
-    const clock = new TestClock(Date.UTC(2031, 5, 1));
-    const t = await startTestBridge({ engine, clock, config: { notifications: { eventRetentionDays: 7 } } });
-    try {
-      const user = await signup(t.client(), 'retention');
-      const userId = (await t.store.userByLogin(t.defaultFrontend.id, user.login))!.id;
-      const day = 86_400_000;
-      const event = (ageDays: number): NewUserEvent => ({
-        userId,
-        ruleId: 1,
-        deviceId: '00000000-0000-4000-8000-000000000001',
-        name: `${ageDays} days old`,
-        message: '',
-        trigger: 'd.temp > 30',
-        varType: 'd',
-        varName: 'temp',
-        value: Buffer.from('31'),
-        test: false,
-        at: clock.now() - ageDays * day,
-        emailState: null,
-        webhookUrl: null,
-      });
-      // Written oldest first, as they would have fired.
-      for (const age of [30, 8, 7.5, 6.9, 1, 0]) await t.store.write((tx) => tx.rules.addEvent(event(age)));
+describe.each(await engines())(
+  'the engine against its store: committed values, and the retention of the event log (%s)',
+  (engine) => {
+    it('judges a change by the value committed with it, and by the store when none came with it', async () => {
+      const clock = new TestClock(Date.UTC(2031, 5, 1));
+      const t = await startTestBridge({ engine, clock, config: { notifications: { ruleMinIntervalMs: 0 } } });
       const sink = new LogSink();
       const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
+      const bus = new LocalBus(log);
       const rules = new RuleEngine({
         config: t.config,
         store: t.store,
-        events: new LocalBus(log),
+        events: bus,
         mailer: t.mailer,
         log,
         now: clock.now,
       });
-      expect(await rules.prune()).toBe(3);
-      expect(sink.events('rules.events_pruned')).toEqual([expect.objectContaining({ count: 3 })]);
-      const left = await t.store.rules.events(userId, 100);
-      expect(left.map((e) => e.name)).toEqual(['0 days old', '1 days old', '6.9 days old']);
-      // Through the route too.
-      expect((await eventsOf(user)).map((e) => e.name)).toEqual(['0 days old', '1 days old', '6.9 days old']);
-      // A day later the next one is past the limit.
-      clock.advance(day);
-      expect(await rules.prune()).toBe(1);
-      expect(await rules.prune()).toBe(0);
-    } finally {
-      await t.close();
-    }
-  });
-});
+      try {
+        const user = await signup(t.client(), 'values');
+        const userId = (await t.store.userByLogin(t.defaultFrontend.id, user.login))!.id;
+        const deviceId = '00000000-0000-4000-8000-0000000000aa';
+        const temp = (value: string) => ({
+          type: 'd' as const,
+          name: 'temp',
+          value: Buffer.from(value),
+          time: clock.now(),
+          origin: 'device' as const,
+        });
+        const ruleId = await t.store.write(async (tx) => {
+          await tx.devices.touch(deviceId, clock.now());
+          await tx.devices.claim(deviceId, userId, clock.now());
+          await tx.devices.putVersion(deviceId, temp('25'), clock.now(), 'device');
+          const r = await tx.rules.create({
+            userId,
+            deviceId,
+            name: 'Hot',
+            message: '',
+            trigger: 'd.temp > 30',
+            forMs: 0,
+            email: false,
+            webhookUrl: null,
+            webhookSecret: null,
+            createdAt: clock.now(),
+            lastValue: null,
+          });
+          return r.id;
+        });
+        rules.start();
+        const change = () => ({
+          type: 'device.vars' as const,
+          deviceId,
+          vars: [{ type: 'd' as const, name: 'temp', change: 'version' as const }],
+        });
+        const logged = async (n: number) => {
+          await until(async () => (await t.store.rules.events(userId, 10)).length === n, `${n} events`);
+          return t.store.rules.events(userId, 10);
+        };
+        // The store holds 25; the change says it committed 31 (a later change may have been stored since): it fires.
+        bus.publish(withValues(change(), new Map([['d:temp', Buffer.from('31')]])));
+        expect((await logged(1)).map((e) => e.value?.toString())).toEqual(['31']);
+        // No value with it: judged by the store's 25, the condition ended.
+        bus.publish(change());
+        await until(async () => !(await t.store.rules.byId(ruleId))!.active, 'the rule armed again');
+        bus.publish(withValues(change(), new Map([['d:temp', Buffer.from('35')]])));
+        expect((await logged(2)).map((e) => e.value?.toString())).toEqual(['35', '31']);
+        // A change from another bridge is its own to evaluate.
+        expect(sink.events('rules.fired')).toHaveLength(2);
+      } finally {
+        await rules.stop();
+        await t.close();
+      }
+    });
+
+    it("removes the events older than eventRetentionDays, and only those, with the engine's pruning", async () => {
+      const clock = new TestClock(Date.UTC(2031, 5, 1));
+      const t = await startTestBridge({ engine, clock, config: { notifications: { eventRetentionDays: 7 } } });
+      try {
+        const user = await signup(t.client(), 'retention');
+        const userId = (await t.store.userByLogin(t.defaultFrontend.id, user.login))!.id;
+        const day = 86_400_000;
+        const event = (ageDays: number): NewUserEvent => ({
+          userId,
+          ruleId: 1,
+          deviceId: '00000000-0000-4000-8000-000000000001',
+          name: `${ageDays} days old`,
+          message: '',
+          trigger: 'd.temp > 30',
+          varType: 'd',
+          varName: 'temp',
+          value: Buffer.from('31'),
+          test: false,
+          at: clock.now() - ageDays * day,
+          emailState: null,
+          webhookUrl: null,
+        });
+        // Written oldest first, as they would have fired.
+        for (const age of [30, 8, 7.5, 6.9, 1, 0]) await t.store.write((tx) => tx.rules.addEvent(event(age)));
+        const sink = new LogSink();
+        const log = createLogger({ level: 'debug', pretty: 'never', base: {}, destination: sink });
+        const rules = new RuleEngine({
+          config: t.config,
+          store: t.store,
+          events: new LocalBus(log),
+          mailer: t.mailer,
+          log,
+          now: clock.now,
+        });
+        expect(await rules.prune()).toBe(3);
+        expect(sink.events('rules.events_pruned')).toEqual([expect.objectContaining({ count: 3 })]);
+        const left = await t.store.rules.events(userId, 100);
+        expect(left.map((e) => e.name)).toEqual(['0 days old', '1 days old', '6.9 days old']);
+        // Through the route too.
+        expect((await eventsOf(user)).map((e) => e.name)).toEqual(['0 days old', '1 days old', '6.9 days old']);
+        // A day later the next one is past the limit.
+        clock.advance(day);
+        expect(await rules.prune()).toBe(1);
+        expect(await rules.prune()).toBe(0);
+      } finally {
+        await t.close();
+      }
+    });
+  },
+);
