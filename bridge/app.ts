@@ -24,6 +24,7 @@ import { createServer } from './http/server.js';
 import type { Mailer } from './mail/mailer.js';
 import { metricsRoutes } from './metrics.js';
 import { buildOpenApi, openApiRoutes } from './openapi.js';
+import { consoleRoutes } from './console/routes.js';
 import { RuleEngine } from './rules/engine.js';
 import { ruleRoutes } from './rules/routes.js';
 import { webhookOutbox } from './rules/outbox.js';
@@ -145,6 +146,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     ...firmwareRoutes(ctx),
     ...ruleRoutes(ctx, rules),
     ...live.routes,
+    ...consoleRoutes({ log }),
   ]);
   // The API document describes routes, not a session: it is the same for every caller. It is made once every
   // route, its own included, is registered.

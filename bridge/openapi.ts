@@ -148,6 +148,9 @@ function response(o: Outcome): Json {
   if (o.json) content['application/json'] = { schema: { $ref: `#/components/schemas/${o.json.name}` } };
   if (o.html) content['text/html'] = { schema: { type: 'string' } };
   if (o.eventStream) content['text/event-stream'] = { schema: { type: 'string' } };
+  if (o.asset) {
+    for (const type of ['text/html', 'text/javascript', 'text/css']) content[type] = { schema: { type: 'string' } };
+  }
   if (o.binary)
     content['application/octet-stream'] = { schema: { type: 'string', contentMediaType: 'application/octet-stream' } };
   const headers: Json = {};

@@ -94,6 +94,8 @@ umask 022
 say "compiling dist/"
 # Straight into the stage, so that the checkout's own dist/ (used by npm start and tests) is left alone.
 node_modules/.bin/tsc -p tsconfig.build.json --outDir "$stage/dist"
+# The web console the bridge serves (docs/console.md), bundled into the stage's dist/console.
+node_modules/.bin/tsx scripts/build-console.ts --out "$stage/dist/console" >/dev/null
 # The CLIs are run through the /usr/local/bin links by their #! line.
 chmod 755 "$stage/dist/agent/main.js" "$stage/dist/bridge/main.js"
 

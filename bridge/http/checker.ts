@@ -64,7 +64,13 @@ export function judgeAnswer(route: Route, reply: FastifyReply, payload: unknown)
   if (retryAfter !== undefined && !/^[1-9]\d*$/.test(String(retryAfter))) return `Retry-After ${String(retryAfter)}`;
   const text = bodyText(payload);
   const hasContent = Boolean(
-    outcome.tokens || outcome.text || outcome.json || outcome.html || outcome.binary || outcome.eventStream,
+    outcome.tokens ||
+    outcome.text ||
+    outcome.json ||
+    outcome.html ||
+    outcome.binary ||
+    outcome.eventStream ||
+    outcome.asset,
   );
   if (!hasContent) return text === '' ? undefined : `${status} documents no body`;
   const type = String(reply.getHeader('content-type') ?? '')
@@ -89,7 +95,10 @@ export function judgeAnswer(route: Route, reply: FastifyReply, payload: unknown)
       return r.success ? undefined : `the JSON for ${status} is not a ${outcome.json.name}: ${r.error.message}`;
     }
     case 'text/html':
-      return outcome.html ? undefined : `no HTML documented for ${status}`;
+      return outcome.html || outcome.asset ? undefined : `no HTML documented for ${status}`;
+    case 'text/javascript':
+    case 'text/css':
+      return outcome.asset ? undefined : `no console file documented for ${status}`;
     case 'text/event-stream':
       return outcome.eventStream ? undefined : `no event stream documented for ${status}`;
     case 'application/octet-stream':

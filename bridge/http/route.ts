@@ -33,6 +33,8 @@ export interface Outcome {
   retryAfter?: boolean;
   /** A `Content-Range` header (a range of the firmware image, or why none could be served). */
   contentRange?: boolean;
+  /** A file of the web console (docs/console.md): HTML, JavaScript or CSS, gzipped when the client takes it. */
+  asset?: boolean;
   /** A stream of Server-Sent Events (`text/event-stream`), written by the handler past the reply (bridge/live/sse.ts). */
   eventStream?: boolean;
 }
