@@ -1,0 +1,8 @@
+/** The user's account: confirmation, resend, authcode (to be built). */
+export function Account() {
+  return (
+    <main>
+      <h1>Account</h1>
+    </main>
+  );
+}
