@@ -62,6 +62,8 @@ export interface AppDeps {
    * to; without it, one in this process that nothing outside the app hears.
    */
   events?: EventBus;
+  /** Where the web console's files are (docs/console.md); without it, dist/console of this installation. */
+  consoleDir?: string;
   /** The CA (PEM) webhook receivers' certificates are checked against besides the system's (`notifications.webhook.caFile`). */
   webhookCa?: Buffer;
 }
@@ -146,7 +148,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     ...firmwareRoutes(ctx),
     ...ruleRoutes(ctx, rules),
     ...live.routes,
-    ...consoleRoutes({ log }),
+    ...consoleRoutes({ log, ...(deps.consoleDir === undefined ? {} : { dir: deps.consoleDir }) }),
   ]);
   // The API document describes routes, not a session: it is the same for every caller. It is made once every
   // route, its own included, is registered.

@@ -81,10 +81,7 @@ export function consoleRoutes(deps: { log: Logger; dir?: string }): Route[] {
     return reply.send(gzip ? f.gzip : f.body);
   };
 
-  const responses = {
-    200: { description: 'The file.', asset: true },
-    404: { description: 'No such file of the console, or the console was not built.', tokens: ['not found'] },
-  } as const;
+  const notFound = { description: 'No such file of the console, or the console was not built.', tokens: ['not found'] };
 
   return [
     {
@@ -97,7 +94,8 @@ export function consoleRoutes(deps: { log: Logger; dir?: string }): Route[] {
         'The web console (docs/console.md): one page that calls this API and its live channel. Open ' +
         '`/console/?app=<frontend>` for a frontend other than the one the Host header names.',
       device: true,
-      responses,
+      // The page itself: always HTML.
+      responses: { 200: { description: 'The page.', html: true }, 404: notFound },
       handler: (req, reply) => Promise.resolve(serve('index.html', req, reply)),
     },
     {
@@ -108,7 +106,7 @@ export function consoleRoutes(deps: { log: Logger; dir?: string }): Route[] {
       summary: 'A file of the web console',
       description: '`app.js`, `style.css` or `index.html`, gzipped for a client that takes it.',
       device: true,
-      responses,
+      responses: { 200: { description: 'The file.', asset: true }, 404: notFound },
       handler: (req, reply) => Promise.resolve(serve((req.params as { file?: string }).file ?? '', req, reply)),
     },
   ];

@@ -10,7 +10,7 @@
  * goes down to them.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { readFileSync, readdirSync, renameSync } from 'node:fs';
+import { readFileSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -22,6 +22,7 @@ import { OPENAPI_PATH } from '../../bridge/openapi.js';
 import { ensureDefaultFrontend } from '../../bridge/frontends/default.js';
 import { SqliteStore } from '../../bridge/store/sqlite.js';
 import { StorageFullError } from '../../lib/sqlite.js';
+import { tempDir } from '../support/agent.js';
 import { type TestBridge, startTestBridge } from '../support/bridge.js';
 import { type FirmwareWorld, startFirmwareWorld } from '../support/fw-bridge.js';
 import { SseStream } from '../support/live.js';
@@ -32,8 +33,17 @@ type Response = { content?: Record<string, { schema: Json }> };
 type Components = { schemas: Record<string, Json>; parameters: Record<string, Json>; securitySchemes: Json };
 type Doc = { servers: Json[]; paths: Record<string, Record<string, Operation>>; components: Components };
 
-/** The routes that read no frontend: the image a device downloads, and the probes' and scrapers' routes. */
-const NO_FRONTEND_OPS: ReadonlySet<string> = new Set(['downloadFirmwareImage', 'getHealth', 'getMetrics']);
+/**
+ * The routes that read no frontend: the image a device downloads, the probes' and scrapers' routes, and the web
+ * console's files (the page reads its frontend from its own address).
+ */
+const NO_FRONTEND_OPS: ReadonlySet<string> = new Set([
+  'downloadFirmwareImage',
+  'getHealth',
+  'getMetrics',
+  'console',
+  'consoleFile',
+]);
 
 /** The routes whose 507 `storage-full` is brought about here; every route that changes something documents it. */
 const FULL_DISK_OPS: ReadonlySet<string> = new Set([
@@ -234,7 +244,7 @@ describe('the document', () => {
     expect(doc.paths['/0/events']!.get!.security).toEqual([{ sid: [] }, { bearer: [] }]);
     expect(doc.components.parameters.app).toMatchObject({ name: 'app', in: 'query' });
     expect(JSON.stringify(doc.servers)).toContain('{frontend}');
-    // Every route but the image a device downloads, and health and metrics, which read no frontend.
+    // Every route but the image a device downloads, health and metrics, and the console, which read no frontend.
     for (const { op } of operations())
       expect(takesFrontend(op), op.operationId).toBe(!NO_FRONTEND_OPS.has(op.operationId));
     // 507 `storage-full` is documented for every route that changes something, and only for those.
@@ -889,6 +899,37 @@ describe('every status and token the document lists is brought about', () => {
         [403, 'metrics-local-only', 'no token set, a client on another machine', elsewhere],
       ],
     });
+  });
+
+  it("on the web console's routes", async () => {
+    // A bridge whose console was never built (an empty folder) answers 404 for its page too.
+    const empty = tempDir('devcloud-console-');
+    const unbuilt = await startTestBridge({ consoleDir: empty });
+    try {
+      const gz = { 'accept-encoding': 'gzip' };
+      await drive({
+        console: [
+          [200, null, 'the page', get('/console/')],
+          [200, null, 'the page, gzipped', get('/console/', null, gz)],
+          [
+            404,
+            'not found',
+            'a console that was not built',
+            () => call(unbuilt.app, { method: 'GET', url: '/console/' }),
+          ],
+        ],
+        consoleFile: [
+          [200, null, 'the script', get('/console/app.js', null, gz)],
+          [200, null, 'the stylesheet', get('/console/style.css')],
+          [200, null, 'the page by its name', get('/console/index.html')],
+          [404, 'not found', 'another file', get('/console/app.js.gz')],
+          [404, 'not found', 'a path out of the folder', get('/console/..%2Fpackage.json')],
+        ],
+      });
+    } finally {
+      await unbuilt.close();
+      rmSync(empty, { recursive: true, force: true });
+    }
   });
 
   it('on the notification routes', async () => {

@@ -328,6 +328,8 @@ export interface TestBridgeOptions {
   openStore?: (dataDir: string) => SqliteStore | Promise<SqliteStore>;
   /** The event bus the app and its services publish to (a test subscribes to it); else one nothing hears. */
   events?: EventBus;
+  /** Where the web console's files are; else dist/console of the checkout. */
+  consoleDir?: string;
 }
 
 export interface TestBridge {
@@ -401,6 +403,7 @@ export async function startTestBridge(opts: TestBridgeOptions = {}): Promise<Tes
   const app = buildApp({
     ...{ config, store, hasher, mailer, log, now: clock.now, devices, commands, checkAnswers: true },
     ...(events ? { events } : {}),
+    ...(opts.consoleDir === undefined ? {} : { consoleDir: opts.consoleDir }),
   });
   let url: string | undefined;
   let send: Send;

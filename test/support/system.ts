@@ -23,6 +23,7 @@ export const PACKAGES = {
   'arm-linux-gnueabihf-g++': 'g++-arm-linux-gnueabihf',
   'arm-linux-gnueabihf-gcc': 'gcc-arm-linux-gnueabihf',
   busybox: 'busybox',
+  chromium: 'chromium',
   debootstrap: 'debootstrap',
   dpkg: 'dpkg',
   'dpkg-deb': 'dpkg',
@@ -85,8 +86,19 @@ export function libfaketime(): string | undefined {
     .find((path) => existsSync(path));
 }
 
+/** Debian's Chromium, which the console's browser tests drive (test/support/browser.ts); only this one is used. */
+export const CHROMIUM = '/usr/bin/chromium';
+
 function has(need: Need): boolean {
   if (need === 'root') return process.getuid?.() === 0;
+  if (need === 'chromium') {
+    try {
+      accessSync(CHROMIUM, constants.X_OK);
+      return true;
+    } catch {
+      return false;
+    }
+  }
   if (need === 'libfaketime') return libfaketime() !== undefined;
   return which(need) !== undefined;
 }
