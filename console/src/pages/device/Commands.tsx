@@ -136,6 +136,9 @@ export function Commands({ id }: { id: string }) {
           {error}
         </p>
       )}
+      <button type="button" class="link" onClick={() => setRound((n) => n + 1)}>
+        Read the commands again
+      </button>
       {list && list.length === 0 && <p class="note">No commands yet.</p>}
       {list && list.length > 0 && (
         <div class="table-wrap">

@@ -51,6 +51,7 @@ export function DeviceFirmware({ id, dev }: { id: string; dev: DeviceObject }) {
   const progress = Number(valueText(dev.meta?.fwprogress)) || 0;
   const fwname = valueText(dev.meta?.fwname);
   const fwerror = valueText(dev.meta?.fwerror);
+  const mode = valueText(dev.d?.mode);
   const running = !FINAL.has(fwstate) && fwstate !== 'idle';
   const fits = (images ?? []).filter((i) => i.info.platforms.from.includes(platform));
   const pick = chosen !== '' && fits.some((i) => i.name === chosen) ? chosen : (fits[0]?.name ?? '');
@@ -63,6 +64,7 @@ export function DeviceFirmware({ id, dev }: { id: string; dev: DeviceObject }) {
     const a = await call('POST', `${devicePath(id, 'fw')}/${pick.split('/').map(encodeURIComponent).join('/')}`);
     setBusy(false);
     if (a.status === 200) setSaid(`The update to ${pick} was sent to the device.`);
+    else if (a.text === 'device-fwup-name-fail') setError(`The catalog has no image ${pick} any more.`);
     else setError(explain(a));
   };
   const cancel = async () => {
@@ -133,6 +135,11 @@ export function DeviceFirmware({ id, dev }: { id: string; dev: DeviceObject }) {
             Start the update
           </button>
         </form>
+      )}
+      {mode !== 'connected' && !running && (
+        <p class="note" data-testid="fw-mode">
+          The device takes an update only while its d variable mode is connected (it is {mode || 'not set'}).
+        </p>
       )}
       {running && (
         <button

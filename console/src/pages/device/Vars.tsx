@@ -131,7 +131,10 @@ export function Vars({ id, dev, onHistory }: { id: string; dev: DeviceObject; on
               {sorted(dev.meta).map(([name, r]) => (
                 <tr key={name} data-testid={`var-meta-${name}`}>
                   <th scope="row">{name}</th>
-                  <td class="dv-value">{valueText(r)}</td>
+                  <td class="dv-value">
+                    {valueText(r)}
+                    {name === 'lastactivity' && <span class="note"> ({shortStamp(Number(valueText(r)))})</span>}
+                  </td>
                   <td>{shortStamp(r.time)}</td>
                   <td>
                     {name !== 'lastactivity' && (
