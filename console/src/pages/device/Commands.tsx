@@ -106,7 +106,12 @@ export function Commands({ id }: { id: string }) {
         </label>
         <label>
           Priority
-          <select name="priority" value={priority} onChange={(e) => setPriority(e.currentTarget.value)}>
+          <select
+            name="priority"
+            aria-label="Priority"
+            value={priority}
+            onChange={(e) => setPriority(e.currentTarget.value)}
+          >
             {PRIORITIES.map((p, i) => (
               <option key={p} value={String(i)}>
                 {p}
@@ -116,7 +121,12 @@ export function Commands({ id }: { id: string }) {
         </label>
         <label>
           Lifetime
-          <select name="lifetime" value={lifetime} onChange={(e) => setLifetime(e.currentTarget.value)}>
+          <select
+            name="lifetime"
+            aria-label="Lifetime"
+            value={lifetime}
+            onChange={(e) => setLifetime(e.currentTarget.value)}
+          >
             {LIFETIMES.map(([ms, text]) => (
               <option key={ms} value={ms}>
                 {text}

@@ -123,7 +123,12 @@ export function DeviceFirmware({ id, dev }: { id: string; dev: DeviceObject }) {
         <form class="dv-row" aria-label="Start a firmware update" onSubmit={(e) => void start(e)}>
           <label class="dv-grow">
             Firmware image
-            <select name="image" value={pick} onChange={(e) => setChosen(e.currentTarget.value)}>
+            <select
+              name="image"
+              aria-label="Firmware image"
+              value={pick}
+              onChange={(e) => setChosen(e.currentTarget.value)}
+            >
               {fits.map((i) => (
                 <option key={`${i.name}@${i.version}`} value={i.name}>
                   {i.name} (version {i.version})

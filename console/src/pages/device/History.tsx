@@ -101,6 +101,7 @@ export function History({
           Variable
           <select
             name="variable"
+            aria-label="Variable"
             value={chosen ? `${chosen.type}/${chosen.name}` : ''}
             onChange={(e) => {
               const v = e.currentTarget.value;
@@ -124,7 +125,12 @@ export function History({
         </label>
         <label>
           Entries per page
-          <select name="latest" value={String(size)} onChange={(e) => setSize(Number(e.currentTarget.value))}>
+          <select
+            name="latest"
+            aria-label="Entries per page"
+            value={String(size)}
+            onChange={(e) => setSize(Number(e.currentTarget.value))}
+          >
             {SIZES.map((n) => (
               <option key={n} value={String(n)}>
                 {n}
