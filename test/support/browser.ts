@@ -51,6 +51,8 @@ export async function openBrowser(): Promise<TestBrowser> {
         viewport: { width: opts.width ?? 1280, height: opts.height ?? 800 },
       });
       const page = await context.newPage();
+      // A step that waits for what never comes fails within the test's own time (Playwright's default is 30 s).
+      page.setDefaultTimeout(10_000);
       const problems: string[] = [];
       page.on('console', (m) => {
         if (m.type() === 'error') problems.push(`console error: ${m.text()} (${m.location().url})`);
