@@ -259,6 +259,48 @@ describe.skipIf(missing('chromium'))('the web console in Chromium', () => {
     await p.close();
   });
 
+  it("follows the frontend's product configuration: no nearby view where nearby is off, no claim where registration is", async () => {
+    const store = bridge.bridge.store;
+    const frontend = async (config: Partial<ProductConfig>) => {
+      const f = { id: randomUUID(), name: 'kiosk', config: ProductConfig.parse(config), isDefault: false };
+      await store.createFrontend({ ...f, createdAt: Date.now() });
+      return f.id;
+    };
+    const noNearby = await frontend({ nearby: false });
+    const noClaim = await frontend({ nearby: true, registration: false });
+
+    const p = await open('signup', { app: noNearby });
+    await signUp(p, newLogin());
+    await p.page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Nearby', exact: true }).click();
+    await p.page.getByRole('heading', { name: 'Nearby devices' }).waitFor();
+    await p.page.getByText('The nearby view is not offered on this site.').waitFor();
+    expect(await p.page.getByRole('table').count()).toBe(0);
+    p.expectClean(NO_USER_YET);
+    await p.close();
+
+    // A device that heard the user: listed, with no claim button.
+    const login = newLogin();
+    const q = await open('signup', { app: noClaim });
+    await signUp(q, login);
+    const userId = (await store.userByLogin(noClaim, login))!.id;
+    const [id, authcode, now] = [randomUUID(), randomBytes(16).toString('hex'), Date.now()];
+    await store.write(async ({ devices }) => {
+      await devices.touch(id, now);
+      await devices.setAuthcode(id, authcode);
+      await devices.setMeta(id, 'unique', id, now, 'device');
+      await devices.setMeta(id, 'state', 'connected', now, 'server');
+      await devices.heard(id, userId, now);
+    });
+    await q.page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Nearby', exact: true }).click();
+    const row = q.page.locator(`[data-authcode="${authcode}"]`);
+    await row.waitFor();
+    await q.page.getByText('Claiming devices is not offered on this site.').waitFor();
+    expect(await row.getByRole('button').count()).toBe(0);
+    await shoot(q.page, 'nearby-no-claim');
+    q.expectClean(NO_USER_YET);
+    await q.close();
+  });
+
   it('signs up into the frontend that `?app=` names, and calls the API with it', async () => {
     const second = {
       id: randomUUID(),
