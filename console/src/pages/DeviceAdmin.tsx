@@ -137,7 +137,7 @@ export function DeviceAdmin({ id }: { id: string }) {
           {role.shares.length === 0 ? (
             <p class="note">Nobody else: only you have this device.</p>
           ) : (
-            <div class="table-wrap">
+            <div class="table-wrap fl-wrap">
               <table class="list">
                 <caption class="sr-only">Users this device is shared with</caption>
                 <thead>

@@ -75,7 +75,7 @@ export function Events() {
       {events === undefined && !error && <p class="note">Loading…</p>}
       {events !== undefined && events.length === 0 && <p class="note">No events yet.</p>}
       {events !== undefined && events.length > 0 && (
-        <div class="table-wrap">
+        <div class="table-wrap fl-wrap">
           <table class="list fl-events">
             <caption class="sr-only">Events, newest first</caption>
             <thead>

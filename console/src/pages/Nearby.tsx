@@ -139,13 +139,12 @@ function NearbyList({ canClaim }: { canClaim: boolean }) {
         </p>
       )}
       {near !== undefined && near.length > 0 && (
-        <div class="table-wrap">
+        <div class="table-wrap fl-wrap">
           <table class="list fl-nearby">
             <caption class="sr-only">Devices near you</caption>
             <thead>
               <tr>
                 <th scope="col">Device</th>
-                <th scope="col">Auth code</th>
                 <th scope="col">State</th>
                 <th scope="col">Last activity</th>
                 <th scope="col">Firmware</th>
@@ -168,10 +167,10 @@ function NearbyList({ canClaim }: { canClaim: boolean }) {
                       <span class={`fl-badge ${mine ? 'fl-badge-mine' : 'fl-badge-unverified'}`}>
                         {mine ? 'yours' : 'nearby, unverified'}
                       </span>
+                      <span class="fl-sub">
+                        auth code <code class="fl-code">{authcode}</code>
+                      </span>
                     </th>
-                    <td>
-                      <code class="fl-code">{authcode}</code>
-                    </td>
                     <td>
                       <span class={`state state-${state}`}>{state}</span>
                     </td>

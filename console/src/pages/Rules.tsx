@@ -126,7 +126,7 @@ export function Rules() {
       )}
       {rules !== undefined && rules.length === 0 && <p class="note">No rules yet.</p>}
       {rules !== undefined && rules.length > 0 && (
-        <div class="table-wrap">
+        <div class="table-wrap fl-wrap">
           <table class="list fl-rules">
             <caption class="sr-only">Your rules</caption>
             <thead>
