@@ -303,4 +303,29 @@ describe.skipIf(missing('chromium'))('the console, the whole journey, with a rea
     await shoot(page(), 'events');
     p.expectClean();
   });
+
+  it("fits the other pages into a phone's width (360 px) with no sideways scroll", async () => {
+    await page().setViewportSize({ width: 360, height: 740 });
+    const wide: string[] = [];
+    // The devices list at 360 px, with more devices and a long name: test/console/console.test.ts.
+    for (const [hash, title] of [
+      [`devices/${deviceId}`, deviceId],
+      ['nearby', 'Nearby devices'],
+      ['rules', 'Rules'],
+      ['events', 'Events'],
+      ['firmware', 'Firmware'],
+      ['account', 'Account'],
+    ] as const) {
+      await page().evaluate(`location.hash = '#/${hash}'`);
+      await heading(title).waitFor();
+      // The console's tests run in Node's types, without the DOM's: the expression goes as text.
+      const width = await page().evaluate<number>('document.documentElement.scrollWidth');
+      if (width > 360) {
+        wide.push(`${hash}: ${width} px`);
+        await shoot(page(), `360px-${hash.split('/')[0]}`);
+      }
+    }
+    expect(wide).toEqual([]);
+    p.expectClean();
+  });
 });
