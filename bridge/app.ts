@@ -17,6 +17,7 @@ import { createDeviceService } from './devices/create.js';
 import { type EventBus, LocalBus } from './events/bus.js';
 import type { DeviceService } from './devices/service.js';
 import { firmwareRoutes } from './firmware/routes.js';
+import { frontendRoutes } from './frontends/routes.js';
 import { LinkMonitor, healthRoutes } from './health.js';
 import { registerLive } from './live/index.js';
 import type { RouteContext } from './http/context.js';
@@ -141,6 +142,7 @@ export function buildApp(deps: AppDeps): FastifyInstance {
     ...accessTokenRoutes(ctx),
     ...accountRoutes(ctx),
     ...userRoutes(ctx),
+    ...frontendRoutes(),
     ...deviceRoutes(ctx),
     ...commandRoutes(ctx),
     ...firmwareRoutes(ctx),

@@ -442,6 +442,7 @@ describe('every status and token the document lists is brought about', () => {
     const signup = (login: string, password = 'long enough') => post('/0/session/signup', { login, password });
     const login = (login: string, password: string) => post('/0/session/login', { login, password });
     const [u, v] = [await newUser(), await newUser()];
+    const kiosk = await main.addFrontend({ nearby: false, registration: false });
     const big = { big: 'x'.repeat(main.config.accounts.userDataBytes) };
     let sid = '';
     // An access token of u's, and the session it starts (decision 30).
@@ -534,6 +535,10 @@ describe('every status and token the document lists is brought about', () => {
           [413, 'user-data-failed', 'too much data', post('/0/user/', big, u.sid)],
         ],
         getOpenApi: [[200, null, 'no session', get(OPENAPI_PATH)]],
+        getFrontend: [
+          [200, null, 'no session', get('/0/frontend'), matches({ nearby: true, registration: true })],
+          [200, null, 'switches off', get(`/0/frontend?app=${kiosk.id}`), matches({ id: kiosk.id, nearby: false })],
+        ],
         createAccessToken: [
           [201, null, 'a logged-in session', post(tokens, undefined, u.sid), (a) => (spare = a.body)],
           [400, 'accesstoken-fail-limit', 'one token too many', () => call(few.app, { url: tokens, cookie: fewSid })],
