@@ -17,35 +17,37 @@ export function Devices() {
       )}
       {live.connected && devices.length === 0 && <p>No devices yet. Claim one from the nearby view.</p>}
       {devices.length > 0 && (
-        <table class="list">
-          <caption class="sr-only">Your devices</caption>
-          <thead>
-            <tr>
-              <th scope="col">Device</th>
-              <th scope="col">State</th>
-              <th scope="col">Last activity</th>
-              <th scope="col">Firmware</th>
-            </tr>
-          </thead>
-          <tbody>
-            {devices.map(([id, d]) => {
-              const state = valueText(d.meta?.state) || 'unknown';
-              const last = Number(valueText(d.meta?.lastactivity));
-              return (
-                <tr key={id} data-device={id}>
-                  <td>
-                    <a href={href('devices', id)}>{valueText(d.meta?.name) || id}</a>
-                  </td>
-                  <td>
-                    <span class={`state state-${state}`}>{state}</span>
-                  </td>
-                  <td>{Number.isFinite(last) && last > 0 ? ago(last) : '—'}</td>
-                  <td>{valueText(d.meta?.fwversion) || '—'}</td>
-                </tr>
-              );
-            })}
-          </tbody>
-        </table>
+        <div class="table-wrap">
+          <table class="list">
+            <caption class="sr-only">Your devices</caption>
+            <thead>
+              <tr>
+                <th scope="col">Device</th>
+                <th scope="col">State</th>
+                <th scope="col">Last activity</th>
+                <th scope="col">Firmware</th>
+              </tr>
+            </thead>
+            <tbody>
+              {devices.map(([id, d]) => {
+                const state = valueText(d.meta?.state) || 'unknown';
+                const last = Number(valueText(d.meta?.lastactivity));
+                return (
+                  <tr key={id} data-device={id}>
+                    <td>
+                      <a href={href('devices', id)}>{valueText(d.meta?.name) || id}</a>
+                    </td>
+                    <td>
+                      <span class={`state state-${state}`}>{state}</span>
+                    </td>
+                    <td>{Number.isFinite(last) && last > 0 ? ago(last) : '—'}</td>
+                    <td>{valueText(d.meta?.fwversion) || '—'}</td>
+                  </tr>
+                );
+              })}
+            </tbody>
+          </table>
+        </div>
       )}
     </main>
   );
