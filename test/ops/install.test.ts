@@ -148,6 +148,21 @@ describe('release and install (DESTDIR)', () => {
     }
     expect(statSync(join(opt, 'dist/agent/main.js')).mode & 0o111).toBe(0o111);
     expect(statSync(join(opt, 'dist/bridge/main.js')).mode & 0o111).toBe(0o111);
+    // The web console is in the release, where the installed bridge looks for it (docs/console.md).
+    for (const f of ['index.html', 'app.js', 'app.js.gz', 'style.css']) {
+      expect(existsSync(join(opt, 'dist/console', f)), `dist/console/${f}`).toBe(true);
+    }
+    const dir = execFileSync(
+      process.execPath,
+      [
+        '--input-type=module',
+        '-e',
+        'const m = await import(process.argv[1]); console.log(m.consoleDir());',
+        join(opt, 'dist/bridge/console/routes.js'),
+      ],
+      { encoding: 'utf8' },
+    ).trim();
+    expect(dir).toBe(join(opt, 'dist/console'));
     // Production dependencies only, the native ones compiled, their build leftovers gone.
     for (const dep of [
       'better-sqlite3/build/Release/better_sqlite3.node',
