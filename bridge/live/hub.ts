@@ -113,6 +113,8 @@ export class Channel {
   lastN = 0;
   /** Counts the snapshots begun: only the latest one is sent. */
   snapshots = 0;
+  /** WebSocket: `user-event` frames that came while its snapshot was being read, sent right after it. */
+  heldEvents: string[] = [];
   closed = false;
   readonly openedAt = performance.now();
 
@@ -151,6 +153,8 @@ type VarType = 'd' | 's' | 'meta';
 const ENDED_MEMORY_MS = 60_000;
 const ENDED_MEMORY_MAX = 10_000;
 const ALWAYS = ['meta:lastactivity', 'meta:state'];
+/** `user-event` frames one WebSocket channel holds while its snapshot is read. */
+const HELD_EVENTS_MAX = 100;
 
 export class LiveHub {
   private readonly users = new Map<number, UserEntry>();
@@ -436,8 +440,7 @@ export class LiveHub {
 
   /**
    * A rule of the user fired (docs/notifications.md, "Delivery"): `{"events":{<id>:{"type":"user-event",…}}}` to
-   * each of the user's channels that is past its snapshot (one still reading it misses the event; the event log has
-   * it), and into the SSE log.
+   * each of the user's channels, right after its snapshot for one still reading it, and into the SSE log.
    */
   private async userEvent(user: UserEntry, id: number): Promise<void> {
     let frame: string;
@@ -450,7 +453,13 @@ export class LiveHub {
       return;
     }
     if (this.users.get(user.id) !== user) return;
-    for (const ch of user.channels) if (ch.kind === 'ws' && ch.ready) this.write(ch, 'events', frame);
+    for (const ch of user.channels) {
+      if (ch.kind !== 'ws' || ch.closed) continue;
+      if (ch.ready) this.write(ch, 'events', frame);
+      // Its snapshot is being read: the event follows it (an event is not in a snapshot). Bounded: past that, the
+      // event log has them.
+      else if (ch.heldEvents.length < HELD_EVENTS_MAX) ch.heldEvents.push(frame);
+    }
     if (user.sse) {
       this.append(user.sse, 'events', frame);
       for (const ch of user.channels) if (ch.kind === 'sse') this.pumpSse(ch);
@@ -820,6 +829,7 @@ export class LiveHub {
       return;
     }
     this.write(ch, 'devices', frame);
+    for (const held of ch.heldEvents.splice(0)) this.write(ch, 'events', held);
     ch.lastSentAt = performance.now();
     ch.ready = true;
     if (ch.pending) this.due(ch);

@@ -150,6 +150,40 @@ describe.each(await engines())('the delivery of fired events (%s)', (engine) => 
     expect((await untilEvents(lee, 2))[0]).toMatchObject({ test: false, value: '31' });
   });
 
+  it('an event that fires while a WebSocket channel reads its snapshot follows the snapshot', async () => {
+    const kim = await person('held-event');
+    const dev = await device(kim);
+    const id = await addRule(kim, { name: 'Held', trigger: 'd.temp > 30', deviceid: dev.id });
+    // The snapshot's read of the device is held until the event has been logged and announced.
+    const devicesRepo = b.bridge.store.devices;
+    const read = devicesRepo.deviceJson.bind(devicesRepo);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let reads = 0;
+    devicesRepo.deviceJson = async (deviceId: string) => {
+      reads++;
+      await held;
+      return read(deviceId);
+    };
+    cleanups.push(() => {
+      devicesRepo.deviceJson = read;
+    });
+    const socket = await LiveSocket.open(b.url, { cookie: kim.cookie });
+    cleanups.push(() => socket.ws.terminate());
+    await until(() => reads > 0, 'the snapshot being read');
+    const r = await testFire(kim, id);
+    expect(r.status).toBe(201);
+    await until(async () => (await eventsOf(kim)).length === 1, 'the event logged');
+    await settle();
+    expect(socket.messages).toEqual([]);
+    release();
+    const at = await socket.next((m) => (m.events?.[r.body] ? true : undefined), 'the held event');
+    expect(at).toBe(true);
+    // The snapshot first, then the event.
+    expect(Object.keys(socket.messages[0]!)).toEqual(['devices']);
+    expect(socket.messages[1]!.events?.[r.body]).toMatchObject({ type: 'user-event', id: Number(r.body), test: true });
+  });
+
   it("e-mails the event to the user's login, with the rule's name as subject, and records it sent", async () => {
     const max = await person('mail');
     const dev = await device(max);
