@@ -85,6 +85,7 @@ const url = bridge.url;
 console.log(`
 devcloud is running.
   REST API               ${url}${httpPort === 0 ? '   (8080 was taken, so a free port was picked)' : ''}
+  web console            ${url}/console/   (sign up there; the Nearby page shows the agent once you send the authcode)
   default frontend       ${bridge.defaultFrontend.id}
   MQTT broker (embedded) ${broker.url}${mqttPort === 0 ? '   (1883 was taken, so a free port was picked)' : ''}
   agent                  device ${agent.identity.deviceId}, state in ${rel(stateDir)}
