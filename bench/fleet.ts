@@ -28,6 +28,7 @@ import type { BridgeStore } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
 import { LogTally, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { checkLogLevel, intOption } from './support/options.js';
 import {
   DEFAULT_SERVER_URL,
   PostgresCpu,
@@ -163,17 +164,10 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
+  const int = intOption(USAGE);
   const scenario = v.scenario;
   if (scenario !== 'a' && scenario !== 'b' && scenario !== 'c') throw new UsageError(`--scenario a|b|c\n${USAGE}`);
-  if (!['fatal', 'error', 'warn', 'info', 'debug', 'trace'].includes(v['log-level'])) {
-    throw new UsageError(`--log-level fatal|error|warn|info|debug|trace\n${USAGE}`);
-  }
+  checkLogLevel(v['log-level'], USAGE);
   const opts: Options = {
     scenario,
     devices: int('devices', v.devices ?? String(DEFAULT_DEVICES[scenario]), 1),

@@ -30,6 +30,7 @@ import type { BridgeStore } from '../bridge/store/types.js';
 import { freePort } from '../test/support/brokers.js';
 import { LogTally, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { checkLogLevel, intOption, storeEngine } from './support/options.js';
 import { type BenchDatabase, DEFAULT_SERVER_URL, PostgresCpu, createBenchDatabase } from './support/fleet-cloud.js';
 import { type SimDevice, SimFleet } from './support/fleet-sim.js';
 import { type HeapFigures, type Inspector, attachInspector, inspectArg } from './support/inspector.js';
@@ -145,21 +146,10 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
-  if (!['fatal', 'error', 'warn', 'info', 'debug', 'trace'].includes(v['log-level'])) {
-    throw new UsageError(`--log-level fatal|error|warn|info|debug|trace\n${USAGE}`);
-  }
+  const int = intOption(USAGE);
+  checkLogLevel(v['log-level'], USAGE);
   if (v['no-bridge'] && v['no-baseline']) throw new UsageError(`nothing to measure\n${USAGE}`);
-  const engine = v.engine ?? (v['database-url'] === undefined ? 'sqlite' : 'postgres');
-  if (engine !== 'sqlite' && engine !== 'postgres') throw new UsageError(`--engine sqlite|postgres\n${USAGE}`);
-  if (engine === 'sqlite' && v['database-url'] !== undefined) {
-    throw new UsageError(`--database-url is for --engine postgres\n${USAGE}`);
-  }
+  const engine = storeEngine(v.engine, v['database-url'], USAGE);
   return {
     engine,
     databaseUrl: v['database-url'] ?? DEFAULT_SERVER_URL,

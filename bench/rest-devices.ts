@@ -24,6 +24,7 @@ import { BRIDGE_MIGRATIONS, SqliteStore } from '../bridge/store/sqlite.js';
 import type { DeviceRepo } from '../bridge/store/types.js';
 import { type ServerProcess, prepareBridge, spawnBareHttp, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { intOption } from './support/options.js';
 import { type ProbeRun, type ThroughputRun, cookieOf, probe, send, throughput } from './support/http-load.js';
 import { type AgentProcess, ROOT, prepareAgent, readCpuMs, spawnAgentProcess } from './support/processes.js';
 import { type Row, formatTable, percentile, round } from './support/report.js';
@@ -123,12 +124,7 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
+  const int = intOption(USAGE);
   const pollMs = Number(v['poll-ms']);
   if (!(pollMs >= 0.01 && pollMs <= 10)) throw new UsageError(`--poll-ms must be between 0.01 and 10\n${USAGE}`);
   return {

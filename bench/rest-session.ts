@@ -16,6 +16,7 @@ import { SqliteStore } from '../bridge/store/sqlite.js';
 import { ProductConfig } from '../bridge/store/types.js';
 import { type ServerProcess, prepareBridge, spawnBareHttp, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { intOption } from './support/options.js';
 import { type ProbeRun, type ThroughputRun, cookieOf, probe, send, throughput } from './support/http-load.js';
 import { ROOT, readCpuMs } from './support/processes.js';
 import { type Row, formatTable, percentile, round } from './support/report.js';
@@ -95,12 +96,7 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
+  const int = intOption(USAGE);
   return {
     connections: int('connections', v.connections, 1),
     pipelining: int('pipelining', v.pipelining, 1),

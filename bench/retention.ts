@@ -17,6 +17,7 @@ import { BRIDGE_MIGRATIONS, SqliteStore } from '../bridge/store/sqlite.js';
 import { openDatabase } from '../lib/sqlite.js';
 import { type ServerProcess, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { intOption } from './support/options.js';
 import { cookieOf, probe, send } from './support/http-load.js';
 import { type Row, formatTable, median, percentile, round } from './support/report.js';
 import { seedUser } from './support/seed.js';
@@ -87,12 +88,7 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
+  const int = intOption(USAGE);
   return {
     devices: int('devices', v.devices, 1),
     vars: int('vars', v.vars, 1),

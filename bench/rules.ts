@@ -34,6 +34,7 @@ import { SqliteStore } from '../bridge/store/sqlite.js';
 import type { BridgeStore } from '../bridge/store/types.js';
 import { LogTally, prepareBridge, spawnBridgeProcess } from './support/bridge-process.js';
 import { type Cleanup, UsageError } from './support/cleanup.js';
+import { checkLogLevel, intOption, storeEngine } from './support/options.js';
 import {
   type BenchDatabase,
   DEFAULT_SERVER_URL,
@@ -152,20 +153,9 @@ function parseOptions(args: string[]): Options {
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n${USAGE}`);
   }
-  const int = (key: string, text: string, min: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min)
-      throw new UsageError(`--${key} must be an integer of at least ${min}\n${USAGE}`);
-    return n;
-  };
-  if (!['fatal', 'error', 'warn', 'info', 'debug', 'trace'].includes(v['log-level'])) {
-    throw new UsageError(`--log-level fatal|error|warn|info|debug|trace\n${USAGE}`);
-  }
-  const engine = v.engine ?? (v['database-url'] === undefined ? 'sqlite' : 'postgres');
-  if (engine !== 'sqlite' && engine !== 'postgres') throw new UsageError(`--engine sqlite|postgres\n${USAGE}`);
-  if (engine === 'sqlite' && v['database-url'] !== undefined) {
-    throw new UsageError(`--database-url is for --engine postgres\n${USAGE}`);
-  }
+  const int = intOption(USAGE);
+  checkLogLevel(v['log-level'], USAGE);
+  const engine = storeEngine(v.engine, v['database-url'], USAGE);
   const fraction = Number(v['fire-fraction']);
   if (!(fraction > 0 && fraction <= 0.5))
     throw new UsageError(`--fire-fraction must be above 0, at most 0.5\n${USAGE}`);
