@@ -102,9 +102,14 @@ export function ruleRoutes(ctx: RouteContext, engine: RuleEngine): Route[] {
     const raw = (req.params as { id?: string }).id ?? '';
     return RULE_ID_RE.test(raw) ? Number(raw) : undefined;
   };
-  const levelOf = (r: Rule) => {
+  /** A stored rule's trigger: stored triggers parse; `undefined` only for one a newer bridge's language wrote. */
+  const storedTrigger = (r: Rule): Trigger | undefined => {
     const p = parseTrigger(r.trigger);
-    return p.ok && isLevel(p.trigger);
+    return p.ok ? p.trigger : undefined;
+  };
+  const levelOf = (r: Rule) => {
+    const t = storedTrigger(r);
+    return t !== undefined && isLevel(t);
   };
   const show = (r: Rule) => ruleJson(r, levelOf(r));
 
@@ -342,8 +347,7 @@ export function ruleRoutes(ctx: RouteContext, engine: RuleEngine): Route[] {
           const newDevice = deviceId !== undefined && deviceId !== rule.deviceId ? deviceId : undefined;
           const newTrigger = trigger !== undefined && formatTrigger(trigger) !== rule.trigger ? trigger : undefined;
           if (newDevice !== undefined || newTrigger !== undefined) {
-            const effective = newTrigger ?? parseTrigger(rule.trigger);
-            const tr = 'kind' in effective ? effective : effective.ok ? effective.trigger : undefined;
+            const tr = newTrigger ?? storedTrigger(rule);
             if (newDevice !== undefined) patch.deviceId = newDevice;
             if (newTrigger !== undefined) {
               patch.trigger = formatTrigger(newTrigger);
